@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Compile the plain-Java core library (android_demo/core) with javac 17 and run its JUnit4 tests.
+# Needs no Gradle, Maven or Android SDK: only a JDK 17 and Debian's junit4 package
+# (apt-get install -y openjdk-17-jdk-headless junit4).
+#
+# usage: run_java_tests.sh [test]        compile, then run every *Test class (default)
+#        run_java_tests.sh build         compile only
+#        run_java_tests.sh cli ARGS...   compile, then run com.omnidraft.core.Cli (dump/rewrite/verify)
+# env:   OMNIDRAFT_JAVA_BUILD  output folder (default core/build/plain-java)
+#        JUNIT_JAR, HAMCREST_JAR  (default /usr/share/java/junit4.jar, hamcrest-core.jar)
+# exit:  3 when javac or JUnit4 is missing.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SRC="$HERE/core/src"
+BUILD="${OMNIDRAFT_JAVA_BUILD:-$HERE/core/build/plain-java}"
+JUNIT="${JUNIT_JAR:-/usr/share/java/junit4.jar}"
+HAMCREST="${HAMCREST_JAR:-/usr/share/java/hamcrest-core.jar}"
+GOLDEN="$HERE/../tests/golden/ngram_v1.bin"
+
+command -v javac >/dev/null || { echo "javac not found: apt-get install -y openjdk-17-jdk-headless" >&2; exit 3; }
+[ -f "$JUNIT" ] || { echo "JUnit4 not found at $JUNIT: apt-get install -y junit4" >&2; exit 3; }
+
+compile() {
+  local stamp="$BUILD/.stamp"
+  if [ -f "$stamp" ] && [ -z "$(find "$SRC" -name '*.java' -newer "$stamp")" ]; then
+    return 0
+  fi
+  rm -rf "$BUILD/classes"
+  mkdir -p "$BUILD/classes"
+  # One javac run for library and tests (one JVM start); every lint warning is an error.
+  javac --release 17 -Xlint:all -Werror -encoding UTF-8 -d "$BUILD/classes" -cp "$JUNIT" \
+    $(find "$SRC/main/java" "$SRC/test/java" -name '*.java' | sort)
+  touch "$stamp"
+}
+
+compile
+case "${1:-test}" in
+  build) ;;
+  cli)
+    shift
+    exec java -cp "$BUILD/classes" com.omnidraft.core.Cli "$@" ;;
+  test)
+    classes=$(cd "$SRC/test/java" && find . -name '*Test.java' | sort | sed 's|^\./||; s|\.java$||; s|/|.|g')
+    exec java -Domnidraft.golden="$GOLDEN" -cp "$BUILD/classes:$JUNIT:$HAMCREST" \
+      org.junit.runner.JUnitCore $classes ;;
+  *)
+    echo "usage: $0 [test | build | cli ARGS...]" >&2; exit 2 ;;
+esac

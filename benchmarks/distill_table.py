@@ -1,0 +1,379 @@
+"""Paper-style online-distillation table + drift experiment on pre-trained tiny real-vocab models.
+
+Rows: no training, L_DM (lam = 0), L_DM + lam * L_Ngram. Columns: math, code, instruction,
+summarisation (held-out documents of ``omnidraft_deploy.distill.data``). Per task and row: start from
+the same pre-trained Llama-2-vocabulary drafter, stream ``n_adapt`` adaptation prompts through the
+speculative decoder (greedy, real target, observer = ``OnlineDistiller``, ``update()`` after every
+prompt), then measure acceptance rate and mean tokens per target call on ``n_eval`` other held-out
+prompts with a fresh n-gram cache. Training runs the PyTorch step (``Transformer.forward_train``);
+its parity with the exported ExecuTorch/ONNX steps is tested in tests/exporters.
+
+Drift: one stream whose task switches half-way (math -> code by default); acceptance per prompt of
+the frozen drafter vs the online one, plotted to reports/distill_drift.png.
+
+    .venv/bin/python benchmarks/distill_table.py [--n-adapt 24 --n-eval 6 --tasks math,code]
+Writes reports/distill_table.{json,md} and reports/distill_drift.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from omnidraft_deploy.distill.data import TASKS, build_corpus, split
+from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
+from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.pipeline import build_mapper
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.vocab.mapper import VocabMapper
+from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+log = logging.getLogger("distill_table")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    drafter: str = "trained-llama2-drafter"
+    target: str = "trained-llama3-target"
+    tasks: tuple[str, ...] = TASKS
+    n_adapt: int = 24  # adaptation prompts per task (online phase)
+    n_eval: int = 6  # held-out evaluation prompts per task
+    prompt_tokens: int = 24  # target tokens of each held-out document used as the prompt
+    max_new_tokens: int = 32
+    draft_len: int = 4
+    lam: float = 1.0
+    lr: float = 2e-3  # AdamW
+    batch_size: int = 4
+    steps_per_update: int = 4
+    seq_len: int = 96
+    out_dir: str = "reports"
+    onnx_row: bool = True  # extra row trained through the exported ONNX train step
+    sgd_lr: float = 0.01  # SGD learning rate of that row (0.05 diverges, 0.02 overfits)
+    drift: tuple[str, ...] = ("math", "code")  # empty: no drift run
+
+
+@dataclass
+class Setup:
+    target: Transformer
+    drafter: Transformer
+    mapper: VocabMapper
+    prompts: dict[str, list[list[int]]]  # task -> target-id prompts (adaptation then eval)
+
+
+_MARKERS = ("\nAnswer:", "\nAssistant:", "\nSummary:")  # prompt ends where the answer starts
+
+
+def _prompt_text(doc: str) -> str | None:
+    for marker in _MARKERS:
+        if marker in doc:
+            return doc[: doc.index(marker) + len(marker)]
+    return None
+
+
+def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]]]:
+    """Held-out prompts per task: up to the answer marker (<= 200 tokens), else the first
+    ``prompt_tokens`` tokens of the document."""
+    pcfg = get_pretrain_config(target_name)
+    tok = load_tokenizer(pcfg.tokenizer)
+    _, held = split(build_corpus(pcfg.data), pcfg.data.heldout_frac)
+    bos = [tok.bos_id] if tok.bos_id is not None else []
+    out = {}
+    for task in cfg.tasks:
+        prompts = []
+        for doc in held[task]:
+            head = _prompt_text(doc)
+            ids = bos + tok.encode(head) if head is not None else []
+            if not 4 <= len(ids) <= 200:
+                ids = (bos + tok.encode(doc))[: cfg.prompt_tokens]
+            if len(ids) >= 4:
+                prompts.append(ids)
+        out[task] = prompts[: cfg.n_adapt + cfg.n_eval]
+        if len(out[task]) < cfg.n_adapt + cfg.n_eval:
+            log.warning("%s: only %d held-out prompts", task, len(out[task]))
+    return out
+
+
+def split_prompts(prompts: list[list[int]], cfg: TableConfig) -> tuple[list, list]:
+    """(adaptation, evaluation); evaluation keeps >= 1/3 of a short list."""
+    n_eval = min(cfg.n_eval, max(1, len(prompts) // 3))
+    return prompts[: len(prompts) - n_eval][: cfg.n_adapt], prompts[len(prompts) - n_eval :]
+
+
+def load_setup(cfg: TableConfig, target_name: str | None = None) -> Setup:
+    target_name = target_name or cfg.target
+    d_cfg, t_cfg = get_pretrain_config(cfg.drafter), get_pretrain_config(target_name)
+    mapper = build_mapper(load_tokenizer(d_cfg.tokenizer), load_tokenizer(t_cfg.tokenizer))
+    return Setup(
+        load_pretrained(target_name),
+        load_pretrained(cfg.drafter),
+        mapper,
+        make_prompts(cfg, target_name),
+    )
+
+
+def _decoder(setup: Setup, drafter: Transformer, cfg: TableConfig) -> SpeculativeDecoder:
+    dcfg = DecodeConfig(
+        max_new_tokens=cfg.max_new_tokens, vocab_limit=setup.mapper.target_vocab_size
+    )
+    return SpeculativeDecoder(
+        EagerLM(setup.target),
+        EagerLM(drafter),
+        setup.mapper,
+        FixedDraftLen(cfg.draft_len),
+        NGramCache(),
+        config=dcfg,
+    )
+
+
+def evaluate(
+    setup: Setup,
+    drafter: Transformer,
+    prompts: list[list[int]],
+    cfg: TableConfig,
+) -> dict[str, float]:
+    dec = _decoder(setup, drafter, cfg)  # one fresh n-gram cache for the whole eval stream
+    acc = prop = gen = calls = 0
+    for p in prompts:
+        _, st = dec.generate(p)
+        acc, prop, gen, calls = (
+            acc + st.accepted,
+            prop + st.proposed,
+            gen + st.n_generated,
+            calls + st.target_calls,
+        )
+    return {
+        "acceptance_rate": acc / max(prop, 1),
+        "tokens_per_target_call": gen / max(calls, 1),
+        "accepted": acc,
+        "proposed": prop,
+    }
+
+
+def adapt(
+    setup: Setup,
+    drafter: Transformer,
+    prompts: list[list[int]],
+    cfg: TableConfig,
+    lam: float,
+) -> tuple[list[float], int]:
+    """Online phase: decode each prompt with the distiller as observer, update after each.
+
+    Returns (acceptance per prompt, optimiser steps taken)."""
+    buf = ReplayBuffer(256, policy=BufferPolicy.FIFO, max_context=cfg.seq_len)
+    dist = OnlineDistiller(
+        drafter,
+        setup.mapper,
+        lr=cfg.lr,
+        lam=lam,
+        batch_size=cfg.batch_size,
+        steps_per_update=cfg.steps_per_update,
+        seq_len=cfg.seq_len,
+        buffer=buf,
+    )
+    dec = _decoder(setup, drafter, cfg)
+    trace, steps = [], 0
+    for p in prompts:
+        _, st = dec.generate(p, observer=dist)
+        trace.append(st.acceptance_rate)
+        steps += dist.update().steps
+    return trace, steps
+
+
+def adapt_onnx(
+    setup: Setup, drafter: Transformer, prompts: list[list[int]], cfg: TableConfig, workdir: Path
+) -> int:
+    """Online phase through the exported functional ONNX train step (plain SGD, B = 1).
+
+    Same observer/buffer/row construction as ``adapt``; each update runs ``steps_per_update *
+    batch_size`` single-example SGD steps in ONNX Runtime, then publishes the weights."""
+    import onnxruntime as ort  # noqa: PLC0415
+    from omnidraft_deploy.exporters.training_graph import (  # noqa: PLC0415
+        TrainStepConfig,
+        export_onnx_train_step,
+        run_onnx_step,
+    )
+
+    path = export_onnx_train_step(
+        drafter, TrainStepConfig(seq_len=cfg.seq_len, topk=8), workdir / "drafter_train_step.onnx"
+    )
+    sess = ort.InferenceSession(str(path))
+    buf = ReplayBuffer(256, max_context=cfg.seq_len)
+    dist = OnlineDistiller(
+        drafter, setup.mapper, lam=cfg.lam, batch_size=1, seq_len=cfg.seq_len, buffer=buf
+    )
+    dec = _decoder(setup, drafter, cfg)
+    params = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    steps = 0
+    for p in prompts:
+        dec.generate(p, observer=dist)
+        for _ in range(cfg.steps_per_update * cfg.batch_size):
+            batch, dm_rows, spans = dist.make_batch(dist.buffer.sample(1))
+            if dm_rows or spans:
+                _, params = run_onnx_step(sess, params, batch, lr=cfg.sgd_lr, lam=cfg.lam)
+                steps += 1
+        drafter.load_state_dict(params, strict=False)
+    return steps
+
+
+def run_table(setup: Setup, cfg: TableConfig) -> dict[str, dict[str, dict[str, float]]]:
+    hybrid = f"L_DM + {cfg.lam:g} L_Ngram"
+    rows: dict[str, dict[str, dict[str, float]]] = {"no training": {}, "L_DM": {}, hybrid: {}}
+    if cfg.onnx_row:
+        rows[hybrid + " (ONNX train step, SGD)"] = {}
+    for task in cfg.tasks:
+        prompts = setup.prompts[task]
+        adapt_p, eval_p = split_prompts(prompts, cfg)
+        t0 = time.perf_counter()
+        rows["no training"][task] = evaluate(setup, setup.drafter, eval_p, cfg)
+        for row, lam in (("L_DM", 0.0), (f"L_DM + {cfg.lam:g} L_Ngram", cfg.lam)):
+            drafter = copy.deepcopy(setup.drafter)
+            _, steps = adapt(setup, drafter, adapt_p, cfg, lam)
+            rows[row][task] = {**evaluate(setup, drafter, eval_p, cfg), "online_steps": steps}
+        if cfg.onnx_row:
+            drafter = copy.deepcopy(setup.drafter)
+            with tempfile.TemporaryDirectory() as tmp:
+                steps = adapt_onnx(setup, drafter, adapt_p, cfg, Path(tmp))
+            rows[hybrid + " (ONNX train step, SGD)"][task] = {
+                **evaluate(setup, drafter, eval_p, cfg),
+                "online_steps": steps,
+            }
+        log.info(
+            "%s done in %.0f s: %s",
+            task,
+            time.perf_counter() - t0,
+            {r: round(v[task]["acceptance_rate"], 3) for r, v in rows.items()},
+        )
+    return rows
+
+
+def run_drift(setup: Setup, cfg: TableConfig) -> dict[str, list]:
+    a, b = cfg.drift
+    n = cfg.n_adapt + cfg.n_eval
+    stream = setup.prompts[a][:n] + setup.prompts[b][:n]
+    dec = _decoder(setup, setup.drafter, cfg)  # one n-gram cache over the stream, as in adapt()
+    frozen = [dec.generate(p)[1].acceptance_rate for p in stream]
+    online, _ = adapt(setup, copy.deepcopy(setup.drafter), stream, cfg, cfg.lam)
+    return {
+        "stream": [a] * min(n, len(setup.prompts[a])) + [b] * min(n, len(setup.prompts[b])),
+        "frozen": frozen,
+        "online": online,
+    }
+
+
+def plot_drift(drift: dict[str, list], path: Path, title: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for key in ("frozen", "online"):
+        ax.plot(drift[key], marker="o", ms=3, label=f"{key} drafter")
+    switch = drift["stream"].index(drift["stream"][-1])
+    ax.axvline(switch - 0.5, color="grey", ls="--", label=f"task switch -> {drift['stream'][-1]}")
+    ax.set(xlabel="prompt index in stream", ylabel="acceptance rate", title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def to_markdown(result: dict) -> str:
+    cfg, rows = result["config"], result["table"]
+    tasks = list(next(iter(rows.values())))
+    lines = [
+        f"# Online distillation: {cfg['drafter']} -> {cfg['target']}",
+        "",
+        "acceptance rate / mean tokens per target call, greedy, draft_len "
+        f"{cfg['draft_len']}, {cfg['n_adapt']} adaptation prompts then {cfg['n_eval']} "
+        "held-out eval prompts per task (PyTorch train step).",
+        "",
+        "| row | " + " | ".join(tasks) + " |",
+        "|---|" + "---|" * len(tasks),
+    ]
+    for row, by_task in rows.items():
+        cells = [
+            f"{v['acceptance_rate']:.3f} / {v['tokens_per_target_call']:.2f}"
+            for v in by_task.values()
+        ]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    if "drift" in result:
+        d = result["drift"]
+        half = d["stream"].index(d["stream"][-1])
+        for key in ("frozen", "online"):
+            seg = d[key]
+            lines.append(
+                f"\nDrift {key}: mean acceptance before switch "
+                f"{sum(seg[:half]) / max(half, 1):.3f}, after "
+                f"{sum(seg[half:]) / max(len(seg) - half, 1):.3f}"
+            )
+    lines.append(f"\nwall time: {result['wall_s']:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> TableConfig:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=TableConfig.target)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--n-adapt", type=int, default=TableConfig.n_adapt)
+    ap.add_argument("--n-eval", type=int, default=TableConfig.n_eval)
+    ap.add_argument("--max-new-tokens", type=int, default=TableConfig.max_new_tokens)
+    ap.add_argument("--lam", type=float, default=TableConfig.lam)
+    ap.add_argument("--lr", type=float, default=TableConfig.lr)
+    ap.add_argument("--steps-per-update", type=int, default=TableConfig.steps_per_update)
+    ap.add_argument("--out-dir", default=TableConfig.out_dir)
+    ap.add_argument("--no-drift", action="store_true")
+    ap.add_argument("--no-onnx-row", action="store_true")
+    ap.add_argument("--sgd-lr", type=float, default=TableConfig.sgd_lr)
+    a = ap.parse_args(argv)
+    return TableConfig(
+        target=a.target,
+        tasks=tuple(a.tasks.split(",")),
+        n_adapt=a.n_adapt,
+        n_eval=a.n_eval,
+        max_new_tokens=a.max_new_tokens,
+        lam=a.lam,
+        lr=a.lr,
+        steps_per_update=a.steps_per_update,
+        out_dir=a.out_dir,
+        drift=() if a.no_drift else TableConfig.drift,
+    )  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = parse_args(argv)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    setup = load_setup(cfg)
+    result: dict = {"config": asdict(cfg), "table": run_table(setup, cfg)}
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.drift:
+        result["drift"] = run_drift(setup, cfg)
+        plot_drift(
+            result["drift"],
+            out / "distill_drift.png",
+            f"task drift {cfg.drift[0]} -> {cfg.drift[1]}, target {cfg.target}",
+        )
+    result["wall_s"] = time.perf_counter() - t0
+    (out / "distill_table.json").write_text(json.dumps(result, indent=1))
+    (out / "distill_table.md").write_text(to_markdown(result))
+    log.info("wrote %s\n%s", out / "distill_table.md", to_markdown(result))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # small matmuls: one thread is faster on a shared 2-core CPU
+    main()

@@ -1,0 +1,155 @@
+"""Export real small LMs to every xnnpack / onnx recipe and record size, time, peak RSS, parity.
+
+    .venv/bin/python benchmarks/export_report.py                      # SmolLM2-135M, all recipes
+    .venv/bin/python benchmarks/export_report.py --models smollm2-135m,qwen2.5-0.5b \\
+        --configs xnnpack:fp32,xnnpack:8da4w,onnx:fp32,onnx:int4
+
+Weights come from the pinned GGUF assets (``omnidraft assets fetch --models``) through
+``reference.hf_adapter`` (dequantised to fp32 once, cached as safetensors). Each config exports
+the model as one graph (role ``target``) into a temporary folder with the backend's registered
+exporter, then reloads it (ONNX Runtime / ExecuTorch Runtime) and compares its logits with eager
+PyTorch over real prompts encoded with the model's own tokenizer (``exporters.verify``: prefill,
+single-token steps, a rollback). Peak RSS is the sampled peak of this process during the stage.
+Writes ``reports/export_report.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omnidraft_deploy.exporters import get_exporter
+from omnidraft_deploy.exporters.bundle import load_eager
+from omnidraft_deploy.exporters.memory import PeakRSS
+from omnidraft_deploy.exporters.quantize import get_recipe
+from omnidraft_deploy.exporters.verify import eager_step, onnx_step, parity, prompt_ids, pte_step
+
+from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.presets import get_preset
+
+log = logging.getLogger("export_report")
+DEFAULT_CONFIGS = (
+    "xnnpack:fp32,xnnpack:8da4w,xnnpack:8da4w-emb8,xnnpack:int8w,onnx:fp32,onnx:int8,onnx:int4"
+)
+
+
+def _folder_bytes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def run_config(
+    model: Any, preset: str, backend: str, quant: str, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """Export + reload + parity of one (backend, quantization); errors are recorded, not raised."""
+    recipe = get_recipe(backend, quant)
+    row: dict[str, Any] = {"model": preset, "backend": backend, "quantization": quant}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        try:
+            with PeakRSS() as rss:
+                info, facts = get_exporter(backend)(
+                    model, get_preset(preset), Path(tmp), role="target", recipe=recipe,
+                    draft_len=4, eos_ids=(0,),
+                )  # fmt: skip
+        except Exception as e:  # report the failure and go on with the next config
+            row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+            log.exception("%s %s/%s failed", preset, backend, quant)
+            return row
+        row |= {"export_s": round(time.perf_counter() - t0, 1), "export_peak_rss_mb": rss.peak_mb}
+        row["files_bytes"] = _folder_bytes(Path(tmp))
+        row["graph_bytes"] = row["files_bytes"][info.file] + row["files_bytes"].get(
+            f"{info.file}.data", 0
+        )
+        row |= {k: v for k, v in facts.items() if k != "op_coverage"}
+        if "op_coverage" in facts:
+            row["op_coverage"] = facts["op_coverage"]
+        path = Path(tmp) / info.file
+        t1 = time.perf_counter()
+        artifact = pte_step(path) if path.suffix == ".pte" else onnx_step(path, info)
+        result = parity(artifact, eager_step(model), prompts)
+        row["verify_s"] = round(time.perf_counter() - t1, 1)
+        row["parity"] = result
+        row["tolerance"], row["min_top1"] = recipe.tolerance, recipe.min_top1
+        row["passed"] = (result["max_abs_logit_diff"] <= recipe.tolerance
+                         and result["top1_agreement"] >= recipe.min_top1)  # fmt: skip
+    log.info("%s", row)
+    return row
+
+
+def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Export report", "",
+        f"torch {meta['torch']}, {meta['threads']} threads, max_seq_len {meta['max_seq_len']}, "
+        f"{meta['prompts']} prompts per model; parity over prefill + 3 steps + rollback.", "",
+        "| model | backend | quant | graph MB | export s | peak RSS MB | max abs diff | max logit | top-1 | pass | XNNPACK nodes (delegated/not) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['model']} | {r['backend']} | {r['quantization']} | failed: {r['error'][:120]} |||||||"
+            )
+            continue
+        p, cov = r["parity"], r.get("op_coverage")
+        nodes = f"{cov['delegated_nodes']}/{cov['non_delegated_nodes']}" if cov else "-"
+        lines.append(
+            f"| {r['model']} | {r['backend']} | {r['quantization']} | {r['graph_bytes'] / 2**20:.1f} "
+            f"| {r['export_s']} | {r['export_peak_rss_mb']} | {p['max_abs_logit_diff']:.3g} "
+            f"| {p['max_abs_logit']:.3g} | {p['top1_agreement']:.3f} | {r['passed']} | {nodes} |"
+        )
+    ops = {op for r in rows for op in r.get("op_coverage", {}).get("non_delegated_ops", {})}
+    lines += [
+        "",
+        f"Ops left to the portable runtime (not XNNPACK): {', '.join(sorted(ops)) or '-'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="smollm2-135m")
+    ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--max-seq-len", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="reports/export_report")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    torch.set_num_threads(args.threads)
+    rows: list[dict[str, Any]] = []
+    out = Path(args.out)
+    meta = {
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "max_seq_len": args.max_seq_len,
+        "prompts": 3,
+    }
+    for preset in args.models.split(","):
+        with PeakRSS() as rss:
+            t0 = time.perf_counter()
+            model = load_eager(preset, seed=0, max_seq_len=args.max_seq_len, weights=None)
+        log.info(
+            "%s loaded in %.1f s (peak RSS %.0f MB)", preset, time.perf_counter() - t0, rss.peak_mb
+        )
+        spec = get_preset(preset)
+        prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=3, limit=24)
+        for cfg in args.configs.split(","):
+            backend, quant = cfg.split(":")
+            rows.append(run_config(model, preset, backend, quant, prompts))
+            out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a crash
+            write_text_atomic(
+                out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=2)
+            )
+            write_text_atomic(out.with_suffix(".md"), to_markdown(rows, meta))
+        del model
+    print(to_markdown(rows, meta))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Exporter recipes (installed as ``omnidraft_deploy.exporters``) and their registry.
+
+An exporter writes one graph for one role into a bundle folder and returns its manifest entry::
+
+    exporter(model, spec, out_dir, *, role, recipe, draft_len, eos_ids, bundle_hash="")
+        -> (GraphInfo, extras: dict)      # extras: op coverage, .ort file, ... -> manifest extras
+
+``model`` is the eager fp32 ``Transformer`` and is left unchanged (it is the verification
+reference). Backends register with ``@register("name")``; heavy SDKs are imported inside the
+function, so importing this package needs only torch. A new backend module registers itself when
+imported (one import line at the bottom of this file). ``get_exporter`` fails loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.exporters.exportable import graph_info
+from omnidraft_deploy.exporters.quantize import QuantRecipe
+
+from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.presets import ModelSpec
+from omnidraft_deploy.reference.model import Transformer
+
+Exporter = Callable[..., tuple[GraphInfo, dict[str, Any]]]
+EXPORTERS: dict[str, Exporter] = {}
+
+
+def register(name: str) -> Callable[[Exporter], Exporter]:
+    """Decorator: ``@register("xnnpack")`` adds the function to ``EXPORTERS`` (no silent override)."""
+
+    def deco(fn: Exporter) -> Exporter:
+        if name in EXPORTERS and EXPORTERS[name] is not fn:
+            raise ValueError(f"exporter {name!r} registered twice")
+        EXPORTERS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_exporter(name: str) -> Exporter:
+    """The exporter registered as ``name``; KeyError listing the valid names otherwise."""
+    try:
+        return EXPORTERS[name]
+    except KeyError:
+        raise KeyError(f"unknown exporter {name!r}; choose from {sorted(EXPORTERS)}") from None
+
+
+@register("xnnpack")
+def export_xnnpack(
+    model: Transformer,
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    role: str,
+    recipe: QuantRecipe,
+    draft_len: int,
+    eos_ids: tuple[int, ...],
+    bundle_hash: str = "",
+) -> tuple[GraphInfo, dict[str, Any]]:
+    """ExecuTorch ``<role>.pte`` lowered to XNNPACK, T dynamic; extras: op coverage."""
+    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
+
+    info = graph_info(model, spec, file=f"{role}.pte", quantization=recipe.name, seq_len=None)
+    coverage = export_pte(
+        model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids, bundle_hash=bundle_hash
+    )
+    return info, {"op_coverage": coverage}
+
+
+@register("onnx")
+def export_onnx_graph(
+    model: Transformer,
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    role: str,
+    recipe: QuantRecipe,
+    draft_len: int,
+    eos_ids: tuple[int, ...],
+    bundle_hash: str = "",
+) -> tuple[GraphInfo, dict[str, Any]]:
+    """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format)."""
+    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx
+
+    info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
+    path = export_onnx(
+        model, out_dir / info.file, info=info, recipe=recipe, bundle_hash=bundle_hash
+    )
+    ort_file = convert_to_ort(path)
+    return info, {"ort_mobile_file": ort_file.name, "ort_mobile_bytes": ort_file.stat().st_size}
+
+
+@register("qnn")
+def export_qnn_graph(
+    model: Transformer,
+    spec: ModelSpec,
+    out_dir: Path,
+    *,
+    role: str,
+    recipe: QuantRecipe,
+    draft_len: int,
+    eos_ids: tuple[int, ...],
+    bundle_hash: str = "",
+) -> tuple[GraphInfo, dict[str, Any]]:
+    """Static-T (draft_len + 1) QDQ ``<role>.onnx`` for the QNN HTP (see ``exporters.qnn``)."""
+    from omnidraft_deploy.exporters.qnn import export_qnn
+
+    seq_len = draft_len + 1
+    info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=seq_len)
+    extras = export_qnn(model, out_dir / info.file, info=info, recipe=recipe)
+    return info, extras

@@ -1,0 +1,198 @@
+"""Bundle writer: drafter + target graphs, tokenizers, vocabulary map, n-gram cache, manifest.
+
+``export_bundle(cfg, ...)`` builds both models (tiny presets: random weights from ``cfg.seed``;
+real presets or ``*_model`` paths: ``reference.hf_adapter``, imported lazily), writes each graph
+with the backend's recipe from the ``EXPORTERS`` registry, verifies every written graph (reload +
+compare with eager PyTorch: ``exporters.verify``, or the caller's ``verify``; the figures go into
+``GraphInfo.parity``), copies tokenizer files and the caller's extra files (``vocab_map.bin``,
+``ngram_cache.bin``), hashes every file into ``manifest.json`` and renames the folder into place
+last (``manifest.atomic_bundle_dir``): an interrupted or failed export leaves no folder that looks
+complete, and an existing bundle at ``out_dir`` stays untouched until the new one is whole.
+
+Manifest ``extras``: ``seed``, ``target_model``/``drafter_model``, and per role ``stages``
+(seconds and peak host RSS in MiB of load / export / verify) plus the backend's own facts (XNNPACK
+op coverage, ``.ort`` file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.exporters import get_exporter
+from omnidraft_deploy.exporters.memory import PeakRSS
+from omnidraft_deploy.exporters.quantize import get_recipe
+from tqdm import tqdm
+
+from omnidraft_deploy.manifest import (
+    GraphInfo,
+    Manifest,
+    atomic_bundle_dir,
+    file_entry,
+    write_bytes_atomic,
+    write_text_atomic,
+)
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import Transformer
+
+log = logging.getLogger(__name__)
+# verify(written graph path, its GraphInfo, eager fp32 model) -> parity dict (raises on failure)
+Verify = Callable[[Path, GraphInfo, Transformer], dict[str, float]]
+ROLES = ("drafter", "target")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What ``omnidraft-export`` asks for; every field maps to one CLI flag."""
+
+    target: str  # target preset name (`omnidraft presets`), e.g. tiny-llama3-8b, qwen2.5-0.5b
+    drafter: str = "tiny-llama-68m"  # drafter preset name
+    backend: str = "xnnpack"  # xnnpack (.pte) | onnx (.onnx + .ort) | qnn (static-T QDQ .onnx)
+    quantization: str = "fp32"  # per backend, see exporters.quantize.RECIPES / recipe_names()
+    out_dir: Path = Path("bundles/default")  # final bundle folder (replaced atomically)
+    max_seq_len: int = 512  # KV-cache slots of both graphs (prompt + generated tokens)
+    draft_len: int = 4  # drafter proposals per step; static T of NPU graphs is draft_len + 1
+    target_model: str | None = None  # HF folder / .gguf for real weights; None: preset's source
+    drafter_model: str | None = None  # same for the drafter
+    seed: int = 0  # random init of tiny presets (target seed, drafter seed + 1); recorded
+    verify: bool = True  # reload each graph and check parity with eager PyTorch before renaming
+
+    def __post_init__(self) -> None:
+        get_preset(self.target), get_preset(self.drafter)  # KeyError listing valid presets
+        get_recipe(self.backend, self.quantization)  # KeyError listing valid names
+        if not 8 <= self.max_seq_len <= 131072:
+            raise ValueError(f"max_seq_len {self.max_seq_len} outside [8, 131072]")
+        if not 1 <= self.draft_len <= 32 or self.draft_len + 1 > self.max_seq_len:
+            raise ValueError(f"draft_len {self.draft_len} outside [1, min(32, max_seq_len - 1)]")
+
+
+def load_eager(preset: str, *, seed: int, max_seq_len: int, weights: str | None) -> Transformer:
+    """Eager fp32 model: tiny presets random-init, real ones via ``reference.hf_adapter``."""
+    from omnidraft_deploy.reference.model import build_model
+
+    spec = get_preset(preset)
+    if weights is None and spec.is_tiny:
+        return build_model(spec, seed=seed, max_seq_len=max_seq_len)
+    from omnidraft_deploy.reference.hf_adapter import load_model, load_preset_weights
+
+    if weights is not None:
+        return load_model(weights, max_seq_len=max_seq_len)[0]
+    return load_preset_weights(preset, max_seq_len=max_seq_len)[0]
+
+
+@contextmanager
+def stage(record: dict[str, Any], name: str) -> Iterator[None]:
+    """Record ``name``'s wall seconds and peak host RSS (MiB) into ``record``."""
+    t0 = time.perf_counter()
+    with PeakRSS() as rss:
+        yield
+    record[name] = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mb": rss.peak_mb}
+
+
+def _default_verify(
+    cfg: ExportConfig, prompts: dict[str, Sequence[Sequence[int]]] | None
+) -> Verify:
+    from omnidraft_deploy.exporters.verify import verify_artifact
+
+    recipe = get_recipe(cfg.backend, cfg.quantization)
+
+    def verify(path: Path, info: GraphInfo, eager: Transformer) -> dict[str, float]:
+        role = "target" if path.stem == "target" else "drafter"
+        return verify_artifact(path, info, eager, recipe, (prompts or {}).get(role))
+
+    return verify
+
+
+def _export_role(
+    cfg: ExportConfig, role: str, tmp: Path, *, verify: Verify | None, eos_ids: tuple[int, ...],
+    bundle_hash: str, extras: dict[str, Any],
+) -> GraphInfo:  # fmt: skip
+    preset = cfg.target if role == "target" else cfg.drafter
+    weights = cfg.target_model if role == "target" else cfg.drafter_model
+    stages: dict[str, Any] = {}
+    with stage(stages, "load"):
+        model = load_eager(
+            preset,
+            seed=cfg.seed + (role == "drafter"),
+            max_seq_len=cfg.max_seq_len,
+            weights=weights,
+        )
+    with stage(stages, "export"):
+        info, facts = get_exporter(cfg.backend)(
+            model, get_preset(preset), tmp, role=role,
+            recipe=get_recipe(cfg.backend, cfg.quantization), draft_len=cfg.draft_len,
+            eos_ids=eos_ids, bundle_hash=bundle_hash,
+        )  # fmt: skip
+    if verify is not None:
+        with stage(stages, "verify"):
+            info = dataclasses.replace(info, parity=verify(tmp / info.file, info, model))
+    extras[role] = {"stages": stages, cfg.backend: facts, "bytes": (tmp / info.file).stat().st_size}
+    return info
+
+
+def _file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
+    roles = {g.file: f"{role}_graph" for role, g in graphs.items()}
+    for p in tmp.glob("*.onnx.data"):
+        roles[p.name] = "external_weights"
+    for p in tmp.glob("*.ort"):
+        roles[p.name] = "ort_mobile_graph"
+    return roles
+
+
+def export_bundle(
+    cfg: ExportConfig,
+    *,
+    extra_files: dict[str, tuple[bytes, str]] | None = None,
+    tokenizer_dirs: dict[str, Path] | None = None,
+    mapping_hash: str = "",
+    eos_ids: dict[str, tuple[int, ...]] | None = None,
+    verify: Verify | None = None,
+    prompts: dict[str, Sequence[Sequence[int]]] | None = None,
+) -> Path:
+    """Write the bundle folder ``cfg.out_dir`` and return it (see the module docstring).
+
+    extra_files: relative path -> (bytes, manifest role), e.g. ``vocab_map.bin``, ``ngram_cache.bin``.
+    tokenizer_dirs: role ("drafter"/"target") -> folder whose files go to ``<role>_tokenizer/``.
+    mapping_hash: the vocabulary map's content hash (manifest; ``.pte`` ``get_bundle_hash``).
+    eos_ids: role -> EOS ids (``.pte`` ``get_eos_ids``). verify: replaces the built-in check
+    (``exporters.verify.verify_artifact``) when given; no check at all when ``cfg.verify`` is off.
+    prompts: role -> verification prompt ids (default: shipped prompts, real tokenizer).
+    """
+    if not cfg.verify:
+        verify = None
+    elif verify is None:
+        verify = _default_verify(cfg, prompts)
+    extras: dict[str, Any] = {
+        "seed": cfg.seed, "target_model": cfg.target_model, "drafter_model": cfg.drafter_model,
+        "max_seq_len": cfg.max_seq_len, "verified": verify is not None,
+    }  # fmt: skip
+    with atomic_bundle_dir(cfg.out_dir) as tmp:
+        graphs: dict[str, GraphInfo] = {}
+        for role in tqdm(ROLES, desc=f"export {cfg.backend}/{cfg.quantization}", unit="graph"):
+            graphs[role] = _export_role(
+                cfg, role, tmp, verify=verify,
+                eos_ids=(eos_ids or {}).get(role, ()), bundle_hash=mapping_hash, extras=extras,
+            )  # fmt: skip
+        roles = _file_roles(tmp, graphs)
+        for role, folder in (tokenizer_dirs or {}).items():
+            for src in sorted(Path(folder).iterdir()):
+                if src.is_file():
+                    write_bytes_atomic(tmp / f"{role}_tokenizer" / src.name, src.read_bytes())
+                    roles[f"{role}_tokenizer/{src.name}"] = f"{role}_tokenizer"
+        for rel, (data, role_name) in (extra_files or {}).items():
+            write_bytes_atomic(tmp / rel, data)
+            roles[rel] = role_name
+        files = {rel: file_entry(tmp, rel, role) for rel, role in sorted(roles.items())}
+        manifest = Manifest(
+            backend=cfg.backend, draft_len=cfg.draft_len, mapping_hash=mapping_hash,
+            graphs=graphs, files=files, extras=extras,
+        )  # fmt: skip
+        write_text_atomic(tmp / "manifest.json", manifest.to_json())
+    log.info("bundle written to %s", cfg.out_dir)
+    return Path(cfg.out_dir)

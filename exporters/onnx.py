@@ -1,0 +1,124 @@
+"""Recipe: Transformer -> ONNX with explicit KV-cache I/O (onnx and qnn backends).
+
+Stages: prepare (explicit-cache wrapper, no grad) -> export (``torch.export`` with a dynamic or
+static T, then ``torch.onnx.export`` of the ExportedProgram) -> quantize (ONNX Runtime dynamic int8
+or MatMulNBits int4) -> serialize (metadata_props, atomic rename; external data beyond 2 GB) ->
+optionally the ORT mobile format (``.ort``). I/O names and cache layout: see ``exportable``.
+
+Metadata (``metadata_props``): ``omnidraft.graph_info`` = JSON of ``GraphInfo``,
+``omnidraft.format_version`` = "1", ``omnidraft.bundle_hash``. Large models: when the fp32 weights
+exceed 2 GB (protobuf's limit) they go to ``<name>.onnx.data`` beside the graph (ONNX external
+data, listed in the manifest as ``external_weights``); the int8/int4 recipes load the graph whole
+and so need the quantised result to fit in 2 GB (true up to ~7B parameters for int4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from omnidraft_deploy.exporters.exportable import (
+    ExplicitCacheExportable,
+    dynamic_shapes_explicit,
+    empty_caches,
+    example_inputs,
+    input_names,
+    output_names,
+)
+from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_onnx_file
+
+from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.reference.model import Transformer
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = "1"
+_TWO_GB = 2**31 - 1
+
+
+def export_onnx(
+    model: Transformer,
+    path: Path,
+    *,
+    info: GraphInfo,
+    recipe: QuantRecipe | None = None,
+    seq_len: int | None = None,
+    bundle_hash: str = "",
+) -> Path:
+    """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU)."""
+    import onnx
+
+    model = model.eval().requires_grad_(False)
+    a = model.args
+    ids, pos = example_inputs(model, seq_len or 2)
+    caches = empty_caches(model)
+    dyn = dynamic_shapes_explicit(a) if seq_len is None else None
+    with torch.no_grad():
+        ep = torch.export.export(
+            ExplicitCacheExportable(model), (ids, pos, *caches), dynamic_shapes=dyn
+        )
+    big = sum(p.numel() * p.element_size() for p in model.parameters()) > _TWO_GB
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        raw = Path(tmp) / "fp32.onnx"
+        torch.onnx.export(
+            ep,
+            (ids, pos, *caches),
+            str(raw),
+            dynamo=True,
+            optimize=True,
+            input_names=input_names(a.n_layers),
+            output_names=output_names(a.n_layers),
+            external_data=big,
+        )
+        src = raw
+        if recipe is not None and recipe.backend is Backend.ONNX and recipe.name != "fp32":
+            src = Path(tmp) / "quant.onnx"
+            quantize_onnx_file(raw, src, recipe)
+        proto = onnx.load(str(src), load_external_data=True)
+        set_metadata(proto, info, bundle_hash)
+        out = Path(tmp) / "final.onnx"
+        onnx.save(
+            proto,
+            str(out),
+            save_as_external_data=big,
+            location=f"{path.name}.data" if big else None,
+        )
+        if big:
+            os.replace(Path(tmp) / f"{path.name}.data", path.with_name(f"{path.name}.data"))
+        os.replace(out, path)
+    return path
+
+
+def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:
+    """Replace the ModelProto's metadata_props with the omnidraft keys (the runtime checks them)."""
+    meta = {
+        "omnidraft.format_version": FORMAT_VERSION,
+        "omnidraft.bundle_hash": bundle_hash,
+        "omnidraft.graph_info": json.dumps(dataclasses.asdict(info), sort_keys=True),
+    }
+    del proto.metadata_props[:]
+    for k, v in meta.items():
+        proto.metadata_props.add(key=k, value=v)
+
+
+def convert_to_ort(onnx_path: Path) -> Path:
+    """ORT mobile format next to the .onnx (``.ort``), for onnxruntime-mobile builds."""
+    from onnxruntime.tools.convert_onnx_models_to_ort import (
+        OptimizationStyle,
+        convert_onnx_models_to_ort,
+    )
+
+    convert_onnx_models_to_ort(
+        onnx_path, output_dir=onnx_path.parent, optimization_styles=[OptimizationStyle.Fixed]
+    )
+    ort_path = onnx_path.with_suffix(".ort")
+    if not ort_path.is_file():
+        raise FileNotFoundError(f"{ort_path}: ORT format conversion produced no file")
+    for extra in onnx_path.parent.glob("*.required_operators*"):
+        extra.unlink()
+    return ort_path

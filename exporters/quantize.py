@@ -1,0 +1,208 @@
+"""Quantisation recipes per backend, as data: name -> how to apply it and its parity tolerance.
+
+``xnnpack`` recipes act on the eager model before ``torch.export`` (what ExecuTorch 1.5.1 +
+torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the ``.pte`` runtime):
+
+- ``fp32``: no quantisation.
+- ``8da4w``: int8 dynamic (per-token) activations, int4 weights in groups of ``group_size``
+  (torchao ``Int8DynamicActivationIntxWeightConfig``), on every ``nn.Linear`` incl. ``lm_head``.
+- ``8da8w``: same with int8 per-channel weights.
+- ``int8w``: int8 per-channel weight-only linears (``Int8WeightOnlyLinear``: int8 weight,
+  fp32 scale per output row, bias kept; XNNPACK delegates it). torchao's ``IntxWeightOnlyConfig``
+  lowers to XNNPACK but the ``.pte`` returns NaN / garbage, and ExecuTorch's
+  ``WeightOnlyInt8QuantHandler`` drops biases (Qwen2 q/k/v), so neither is used.
+- ``*-emb8`` variants also store the embedding table as int8 per row (``Int8Embedding``:
+  ``quantized_decomposed.embedding_byte``, a kernel the ExecuTorch runtime has): torchao's own
+  weight-only embedding lowers to ``torchao::dequantize_affine``, which has no out-variant kernel
+  in the ExecuTorch runtime.
+
+``onnx`` recipes act on the exported fp32 graph: ``int8`` (``quantize_dynamic``, int8 weights,
+dynamic uint8 activations) and ``int4`` (``MatMulNBitsQuantizer``, blockwise int4 MatMulNBits).
+``qnn`` recipes belong to ``exporters.qnn``. Tolerances bound the max |logit difference| and the
+top-1 agreement against eager fp32 on the verification prompts; they go into the manifest.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+class Backend(StrEnum):
+    XNNPACK = "xnnpack"
+    QNN = "qnn"
+    ONNX = "onnx"
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    name: str
+    backend: Backend
+    tolerance: float  # max |logit diff| vs eager fp32 accepted by verification
+    min_top1: float  # minimum top-1 agreement with eager fp32
+    group_size: int = 32  # int4 weight group (xnnpack 8da4w) / block size (onnx int4)
+    linear: str = "none"  # none | 8da4w | 8da8w | int8w (xnnpack eager transform)
+    embedding_bits: int = 0  # 0: fp32 embedding table; 8: int8 per row (xnnpack)
+
+    def __post_init__(self) -> None:
+        if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:
+            raise ValueError(
+                f"recipe {self.name}: bad tolerance {self.tolerance} / {self.min_top1}"
+            )
+        if self.linear not in ("none", "8da4w", "8da8w", "int8w"):
+            raise ValueError(f"recipe {self.name}: unknown linear scheme {self.linear!r}")
+        if self.embedding_bits not in (0, 8):
+            raise ValueError(f"recipe {self.name}: embedding_bits {self.embedding_bits} not 0 or 8")
+
+
+def _x(name: str, tol: float, top1: float, linear: str, emb: int = 0) -> QuantRecipe:
+    return QuantRecipe(name, Backend.XNNPACK, tol, top1, linear=linear, embedding_bits=emb)
+
+
+RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
+    (r.backend, r.name): r
+    for r in (
+        _x("fp32", 1e-3, 1.0, "none"),
+        _x("8da4w", 8.0, 0.6, "8da4w"),
+        _x("8da4w-emb8", 8.0, 0.6, "8da4w", 8),
+        _x("8da8w", 3.0, 0.8, "8da8w"),
+        _x("int8w", 3.0, 0.8, "int8w"),
+        _x("int8w-emb8", 3.0, 0.8, "int8w", 8),
+        QuantRecipe("fp32", Backend.ONNX, 1e-3, 1.0),
+        QuantRecipe("int8", Backend.ONNX, 4.0, 0.7),
+        QuantRecipe("int4", Backend.ONNX, 8.0, 0.6),
+        QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
+        QuantRecipe("fp32", Backend.QNN, 1e-3, 1.0),
+    )
+}
+
+
+def recipe_names(backend: str) -> list[str]:
+    """Valid quantization names of one backend (what ``--quantization`` accepts)."""
+    return sorted(n for b, n in RECIPES if b.value == backend)
+
+
+def get_recipe(backend: str, name: str) -> QuantRecipe:
+    """Recipe lookup; unknown backends or names raise KeyError listing the valid ones."""
+    if backend not in {b.value for b in Backend}:
+        raise KeyError(
+            f"unknown backend {backend!r}; choose from {sorted(b.value for b in Backend)}"
+        )
+    key = (Backend(backend), name)
+    if key not in RECIPES:
+        raise KeyError(
+            f"unknown quantization {name!r} for backend {backend}; choose from {recipe_names(backend)}"
+        )
+    return RECIPES[key]
+
+
+def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
+    """Apply an XNNPACK recipe to a deep copy of ``model`` (the original stays the fp32 reference).
+
+    Returns ``model`` itself for fp32. Needs ``torchao`` and ``executorch`` (quantized kernels).
+    """
+    if recipe.backend is not Backend.XNNPACK:
+        raise ValueError(f"{recipe.backend}/{recipe.name} is not an eager (xnnpack) recipe")
+    if recipe.linear == "none" and recipe.embedding_bits == 0:
+        return model
+    model = copy.deepcopy(model)
+    if recipe.embedding_bits:
+        # defines quantized_decomposed::embedding_byte (eager + export); the runtime has the kernel
+        from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
+
+        _swap(model, nn.Embedding, Int8Embedding.from_float)
+    if recipe.linear == "int8w":
+        _swap(model, nn.Linear, Int8WeightOnlyLinear.from_float)
+    elif recipe.linear in ("8da4w", "8da8w"):
+        from torchao.quantization import quantize_
+        from torchao.quantization.granularity import PerAxis, PerGroup
+        from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+        four = recipe.linear == "8da4w"
+        config = Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=getattr(torch, "int4") if four else torch.int8,  # noqa: B009 (stubs lack int4)
+            weight_granularity=PerGroup(recipe.group_size) if four else PerAxis(0),
+        )
+        quantize_(model, config, lambda m, _fqn: isinstance(m, nn.Linear))
+    return model
+
+
+def _per_row_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 per row: (rows, cols) fp32 -> int8 (rows, cols), scales (rows,)."""
+    scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scales.float()
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """``y = (x @ W_int8^T) * scale + bias``: int8 weights stored, fp32 compute (XNNPACK)."""
+
+    def __init__(self, weight_int8: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight_int8)  # (out, in) int8
+        self.register_buffer("scales", scales)  # (out,)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
+
+    @classmethod
+    def from_float(cls, linear: nn.Module) -> Int8WeightOnlyLinear:
+        assert isinstance(linear, nn.Linear)
+        q, scales = _per_row_int8(linear.weight.detach().float())
+        return cls(q, scales, linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w: Tensor = self.weight  # type: ignore[assignment]
+        scales: Tensor = self.scales  # type: ignore[assignment]
+        y = nn.functional.linear(x, w.to(x.dtype)) * scales
+        return y if self.bias is None else y + self.bias
+
+
+class Int8Embedding(nn.Module):
+    """Embedding table as int8 rows + fp32 row scales (``quantized_decomposed.embedding_byte``)."""
+
+    def __init__(self, weight_int8: Tensor, scales: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight_int8)  # (V, dim) int8
+        self.register_buffer("scales", scales)  # (V,)
+
+    @classmethod
+    def from_float(cls, emb: nn.Module) -> Int8Embedding:
+        assert isinstance(emb, nn.Embedding)
+        return cls(*_per_row_int8(emb.weight.detach().float()))
+
+    def forward(self, token_ids: Tensor) -> Tensor:
+        return torch.ops.quantized_decomposed.embedding_byte.dtype(
+            self.weight, self.scales, None, -128, 127, token_ids, dtype=torch.float32
+        )
+
+
+def _swap(model: nn.Module, kind: type[nn.Module], make: object) -> None:
+    """Replace every ``kind`` submodule by ``make(old)`` (tied weights are quantised per user)."""
+    for name, child in list(model.named_children()):
+        if isinstance(child, kind):
+            setattr(model, name, make(child))  # type: ignore[operator]
+        else:
+            _swap(child, kind, make)
+
+
+def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
+    """Apply an ONNX recipe to a written fp32 graph (src -> dst, weights inline: < 2 GB)."""
+    if recipe.backend is not Backend.ONNX or recipe.name == "fp32":
+        raise ValueError(f"{recipe.backend}/{recipe.name} is not an ONNX file recipe")
+    if recipe.name == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    elif recipe.name == "int4":
+        import onnx
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quant = MatMulNBitsQuantizer(
+            onnx.load(str(src)), block_size=recipe.group_size, is_symmetric=True
+        )
+        quant.process()
+        quant.model.save_model_to_file(str(dst), use_external_data_format=False)

@@ -1,0 +1,243 @@
+"""Online distillation: a replay buffer fed by the decoder, and the learner that drains it.
+
+Data flow (OmniDraft Sec. 3.3, online adaptation): after every verification step the speculative
+decoder calls ``observe(context_ids, new_ids, topk_ids (n, k), topk_probs (n, k))`` with TARGET ids
+(the committed tokens and the target's top-k at each committed position). ``ReplayBuffer`` keeps
+the last / a uniform sample of these steps. ``OnlineDistiller.update()`` samples ``batch_size``
+steps, translates them into drafter rows (``align.build_example``) and takes ``steps_per_update``
+optimiser steps of ``L_DM + lam * L_Ngram`` with ``Transformer.forward_train``.
+
+Thread safety: the buffer is guarded by its own lock (``observe`` from the decoding thread,
+``sample`` from the learner). The learner trains a private copy of the drafter; the decoder's
+drafter is only written in ``_publish``, which copies the trained weights in place while holding
+``OnlineDistiller.weights_lock``. The decoder uses the drafter read-only; when ``update()`` runs in a
+background thread, wrap each drafter forward in ``with distiller.weights_lock:`` so a forward never
+sees half-copied weights. Called between requests, no locking is needed by the caller.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+from omnidraft_deploy.distill.align import MapperLike, build_example, dm_inverse, stack_examples
+from omnidraft_deploy.distill.losses import hybrid_loss_rows
+from omnidraft_deploy.reference.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Observation:
+    context_ids: tuple[int, ...]  # target ids before the step (left-truncated)
+    new_ids: tuple[int, ...]  # target ids committed by the step
+    topk_ids: Tensor  # (n, k) int64 target ids
+    topk_probs: Tensor  # (n, k) float32
+
+
+class BufferPolicy(StrEnum):
+    FIFO = "fifo"  # keep the most recent observations (tracks drift)
+    RESERVOIR = "reservoir"  # uniform sample of everything seen (stable mixture)
+
+
+class ReplayBuffer:
+    """Bounded store of decoder observations; an instance is a valid decoder observer."""
+
+    def __init__(
+        self,
+        capacity: int = 512,
+        *,
+        policy: BufferPolicy = BufferPolicy.FIFO,
+        max_context: int = 256,
+        seed: int = 0,
+    ) -> None:
+        if capacity < 1 or max_context < 0:
+            raise ValueError(
+                f"need capacity >= 1 and max_context >= 0, got {capacity}, {max_context}"
+            )
+        self.capacity, self.policy, self.max_context = capacity, BufferPolicy(policy), max_context
+        self._items: list[Observation] = []
+        self._next = 0  # FIFO write slot once full
+        self.n_seen = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def observe(
+        self, context_ids: list[int], new_ids: list[int], topk_ids: Tensor, topk_probs: Tensor
+    ) -> None:
+        """Decoder callback; ``topk_ids / topk_probs: (len(new_ids), k)``."""
+        if topk_ids.shape != topk_probs.shape or topk_ids.shape[0] != len(new_ids):
+            raise ValueError(
+                f"top-k shapes {tuple(topk_ids.shape)}/{tuple(topk_probs.shape)} do "
+                f"not match {len(new_ids)} new tokens"
+            )
+        ctx = tuple(context_ids[-self.max_context :]) if self.max_context else ()
+        obs = Observation(
+            ctx,
+            tuple(new_ids),
+            topk_ids.detach().to(torch.long).clone(),
+            topk_probs.detach().float().clone(),
+        )
+        with self._lock:
+            self.n_seen += 1
+            if len(self._items) < self.capacity:
+                self._items.append(obs)
+            elif self.policy is BufferPolicy.FIFO:
+                self._items[self._next] = obs
+                self._next = (self._next + 1) % self.capacity
+            else:
+                slot = self._rng.randrange(self.n_seen)
+                if slot < self.capacity:
+                    self._items[slot] = obs
+
+    __call__ = observe
+
+    def sample(self, n: int) -> list[Observation]:
+        """``min(n, len)`` distinct observations chosen uniformly."""
+        with self._lock:
+            return self._rng.sample(self._items, min(n, len(self._items)))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    steps: int
+    loss: float  # mean hybrid loss over the steps (before each step)
+    dm_rows: int
+    ngram_spans: int
+    seconds: float
+
+
+class OnlineDistiller:
+    """Trains ``drafter`` online from a ``ReplayBuffer``; see the module docstring on threads."""
+
+    def __init__(
+        self,
+        drafter: Transformer,
+        mapper: MapperLike,
+        *,
+        lr: float = 1e-3,
+        lam: float = 0.5,
+        batch_size: int = 8,
+        steps_per_update: int = 1,
+        optimizer: str = "adamw",
+        seq_len: int = 128,
+        buffer: ReplayBuffer | None = None,
+    ) -> None:
+        if batch_size < 1 or steps_per_update < 1 or lr <= 0 or lam < 0:
+            raise ValueError(
+                f"bad hyper-parameters: lr={lr} lam={lam} batch_size={batch_size} "
+                f"steps_per_update={steps_per_update}"
+            )
+        if mapper.draft_vocab_size != drafter.args.vocab_size:
+            raise ValueError(
+                f"mapper drafter vocab {mapper.draft_vocab_size} != model {drafter.args.vocab_size}"
+            )
+        self.drafter, self.mapper, self.lam = drafter, mapper, lam
+        self.batch_size, self.steps_per_update = batch_size, steps_per_update
+        self.seq_len = min(seq_len, drafter.args.max_seq_len)
+        self.buffer = buffer if buffer is not None else ReplayBuffer()
+        self.weights_lock = threading.Lock()
+        self._inverse = dm_inverse(mapper.draft_to_target, mapper.target_vocab_size)
+        self._student = copy.deepcopy(drafter).train()
+        self._opt = _make_optimizer(optimizer, self._student, lr)
+        self._update_lock = threading.Lock()  # one update() at a time
+
+    def observe(
+        self, context_ids: list[int], new_ids: list[int], topk_ids: Tensor, topk_probs: Tensor
+    ) -> None:
+        """Forward to the buffer, so the distiller itself can be passed as the observer."""
+        self.buffer.observe(context_ids, new_ids, topk_ids, topk_probs)
+
+    __call__ = observe
+
+    def batch_loss(self, model: Transformer, batch: dict[str, Tensor]) -> Tensor:
+        """Sum over the batch rows of ``hybrid_loss_rows`` (weights are batch-normalised)."""
+        total = torch.zeros(())
+        for b in range(batch["draft_ids"].shape[0]):
+            logits = model.forward_train(batch["draft_ids"][b : b + 1])  # (1, T, V_d)
+            total = total + hybrid_loss_rows(
+                logits,
+                batch["topk_draft_ids"][b : b + 1],
+                batch["topk_probs"][b : b + 1],
+                batch["dm_weight"][b : b + 1],
+                batch["next_draft_ids"][b : b + 1],
+                batch["ngram_weight"][b : b + 1],
+                self.lam,
+            )
+        return total
+
+    def make_batch(self, observations: list[Observation]) -> tuple[dict[str, Tensor], int, int]:
+        examples = [
+            build_example(
+                self.mapper,
+                list(o.context_ids),
+                list(o.new_ids),
+                o.topk_ids,
+                o.topk_probs,
+                seq_len=self.seq_len,
+                inverse=self._inverse,
+            )
+            for o in observations
+        ]
+        return (
+            stack_examples(examples),
+            sum(e.dm_rows for e in examples),
+            sum(e.ngram_spans for e in examples),
+        )
+
+    def update(self) -> UpdateStats:
+        """Take ``steps_per_update`` steps on fresh samples, then publish the weights."""
+        t0, losses, n_dm, n_ng = time.perf_counter(), [], 0, 0
+        with self._update_lock:
+            for _ in range(self.steps_per_update):
+                obs = self.buffer.sample(self.batch_size)
+                if not obs:
+                    break
+                batch, dm_rows, spans = self.make_batch(obs)
+                if dm_rows == 0 and (spans == 0 or self.lam == 0):
+                    continue
+                self._opt.zero_grad(set_to_none=True)
+                loss = self.batch_loss(self._student, batch)
+                loss.backward()
+                self._opt.step()
+                losses.append(float(loss))
+                n_dm, n_ng = n_dm + dm_rows, n_ng + spans
+            if losses:
+                self._publish()
+        mean = sum(losses) / len(losses) if losses else float("nan")
+        stats = UpdateStats(len(losses), mean, n_dm, n_ng, time.perf_counter() - t0)
+        log.debug("online update: %s", stats)
+        return stats
+
+    def _publish(self) -> None:
+        """Copy the student's weights into the decoder's drafter in place, under the lock."""
+        with torch.no_grad(), self.weights_lock:
+            for dst, src in zip(self.drafter.parameters(), self._student.parameters(), strict=True):
+                dst.copy_(src)
+
+    def load_student_state(self, state: dict[str, Tensor]) -> None:
+        """Replace the student's weights (e.g. from an exported train step) and publish them."""
+        with self._update_lock:
+            self._student.load_state_dict(state, strict=False)
+            self._publish()
+
+
+def _make_optimizer(name: str, model: Transformer, lr: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    raise KeyError(f"unknown optimizer {name!r}; choose from ['adamw', 'sgd']")

@@ -1,0 +1,118 @@
+"""Composition helpers shared by the CLI and benchmarks: presets -> models, tokenizers, mapper.
+
+This is an edge module: it may touch tokenizers (lazily) because it sits between user text and the
+target-id-only decoding core.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Pair:
+    target: CausalLM
+    drafter: CausalLM
+    target_tok: TokenizerLike
+    drafter_tok: TokenizerLike
+    mapper: VocabMapper
+
+
+def cache_dir() -> Path:
+    from omnidraft_deploy.assets import cache_root
+
+    return Path(cache_root())
+
+
+def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> VocabMapper:
+    """Build (or load from the cache) the mapper of a tokenizer pair; keyed by both byte tables."""
+    from omnidraft_deploy.vocab import io
+
+    h = hashlib.sha256()
+    for tok in (drafter_tok, target_tok):
+        table = (
+            tok.token_bytes_table()
+            if hasattr(tok, "token_bytes_table")
+            else [tok.token_bytes(i) for i in range(tok.vocab_size)]
+        )
+        for b in table:
+            h.update(len(b).to_bytes(2, "little") + b)
+        h.update(repr((tok.bos_id, tok.eos_ids, sorted(tok.special_ids))).encode())
+    path = (
+        cache_dir() / "mappers" / f"{drafter_tok.name}--{target_tok.name}-{h.hexdigest()[:16]}.bin"
+    )
+    if path.is_file():
+        try:
+            return io.load(path)
+        except io.VocabMapFormatError as e:
+            log.warning("rebuilding mapper: %s", e)
+    t0 = time.perf_counter()
+    mapper = VocabMapper.from_tokenizers(drafter_tok, target_tok)
+    log.info(
+        "built mapper %s -> %s in %.1f s",
+        drafter_tok.name,
+        target_tok.name,
+        time.perf_counter() - t0,
+    )
+    io.save(mapper, path)
+    return mapper
+
+
+def load_model(
+    preset: str, *, seed: int, max_seq_len: int | None = None, weights: str | None = None
+) -> Transformer:
+    """Eager Transformer for a preset: tiny presets random-init from ``seed``; others from
+    ``weights`` (HF folder / GGUF) or the preset's own source."""
+    from omnidraft_deploy.reference.model import build_model
+
+    spec = get_preset(preset)
+    if weights is None and spec.is_tiny:
+        return build_model(spec, seed=seed, max_seq_len=max_seq_len)
+    from omnidraft_deploy.reference.hf_adapter import load_model as load_weights
+    from omnidraft_deploy.reference.hf_adapter import load_preset_weights
+
+    if weights:
+        return load_weights(weights, max_seq_len=max_seq_len)[0]
+    return load_preset_weights(preset, max_seq_len=max_seq_len)[0]
+
+
+def load_lm(
+    preset: str, *, seed: int, max_seq_len: int | None = None, weights: str | None = None
+) -> CausalLM:
+    """``load_model`` behind the ``CausalLM`` protocol (eager reference runtime)."""
+    from omnidraft_deploy.reference.torch_lm import EagerLM
+
+    return EagerLM(load_model(preset, seed=seed, max_seq_len=max_seq_len, weights=weights))
+
+
+def build_pair(
+    target: str,
+    drafter: str,
+    *,
+    seed: int = 0,
+    max_seq_len: int | None = None,
+    target_weights: str | None = None,
+    drafter_weights: str | None = None,
+) -> Pair:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    t_spec, d_spec = get_preset(target), get_preset(drafter)
+    target_tok, drafter_tok = load_tokenizer(t_spec.tokenizer), load_tokenizer(d_spec.tokenizer)
+    return Pair(
+        target=load_lm(target, seed=seed, max_seq_len=max_seq_len, weights=target_weights),
+        drafter=load_lm(drafter, seed=seed + 1, max_seq_len=max_seq_len, weights=drafter_weights),
+        target_tok=target_tok,
+        drafter_tok=drafter_tok,
+        mapper=build_mapper(drafter_tok, target_tok),
+    )

@@ -1,0 +1,64 @@
+"""The seams of the system, as Protocols: models, draft-length policies, eviction policies, tokenizers.
+
+Everything that runs a network (eager PyTorch, ONNX Runtime, ExecuTorch, QNN HTP) implements
+``CausalLM``; the speculative loop only ever talks to this interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A decoder with a static KV cache addressed by position.
+
+    ``forward(token_ids (T,) int64, start_pos)`` feeds tokens at positions ``start_pos ..
+    start_pos+T-1`` and returns float32 logits ``(T, vocab_size)``, one row per input position
+    (verification needs all of them). Cache slots ``>= start_pos`` are overwritten, so rolling back
+    is calling again with a smaller ``start_pos``; nothing else has to be undone.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor: ...
+
+
+class TokenizerLike(Protocol):
+    """What the edges (CLI, mapper construction, benchmarks) need from a tokenizer."""
+
+    name: str
+
+    @property
+    def vocab_size(self) -> int: ...  # number of ids the tokenizer can emit
+
+    @property
+    def bos_id(self) -> int | None: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def special_ids(self) -> frozenset[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...  # no BOS added
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...  # raw UTF-8 bytes the token stands for
+
+
+class DraftLengthPolicy(Protocol):
+    """Chooses how many drafter tokens to propose next step."""
+
+    def next_draft_len(self) -> int: ...  # upper bound k for this step
+
+    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool: ...  # after drafted token i
+
+    def update(self, n_drafted: int, n_accepted: int) -> None: ...  # in drafter tokens

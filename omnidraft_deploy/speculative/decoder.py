@@ -1,0 +1,196 @@
+"""The speculative decoding loop: draft -> map -> verify -> commit/rollback. Orchestration only.
+
+This module handles TARGET-vocabulary ids only. The drafter's vocabulary lives behind
+``CrossVocabDrafter`` and ``VocabMapper``; tokenizers appear only at the edges (CLI, benchmarks).
+
+Target KV invariant: after every step the target cache holds ``committed[:-1]``; the next call feeds
+``[committed[-1], *proposals]`` at position ``len(committed) - 1`` and gets one logits row per input,
+row ``i`` scoring the token after input ``i``. Rejected positions need no undo: the next call starts
+at the new ``len(committed) - 1`` and overwrites them (static cache, position-masked attention).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
+from omnidraft_deploy.speculative.drafter import CrossVocabDrafter, Mode
+from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
+from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.speculative.verify import verify, verify_greedy
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+Observer = Callable[[list[int], list[int], Tensor, Tensor], None]
+"""observe(context_ids, new_ids, topk_ids (n, k), topk_probs (n, k)) after every step."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    mode: Mode = Mode.GREEDY
+    temperature: float = 0.0  # 0 -> greedy; must be > 0 for exact / omnidraft
+    max_new_tokens: int = 64
+    eos_ids: tuple[int, ...] = ()
+    vocab_limit: int | None = None  # ignore logits at ids >= this (padded embedding rows)
+    observer_topk: int = 8
+
+    def __post_init__(self) -> None:
+        greedy = self.mode is Mode.GREEDY
+        if greedy != (self.temperature <= 0):
+            raise ValueError(
+                f"mode {self.mode.value} needs temperature "
+                f"{'== 0' if greedy else '> 0'}, got {self.temperature}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def _limit(logits: Tensor, limit: int | None) -> Tensor:
+    if limit is None or limit >= logits.shape[-1]:
+        return logits
+    return logits.masked_fill(torch.arange(logits.shape[-1]) >= limit, float("-inf"))
+
+
+def _finish(new_ids: list[int], cfg: DecodeConfig) -> tuple[list[int], bool]:
+    """Cut at the first EOS (kept) or at max_new_tokens; return (ids, done)."""
+    for i, t in enumerate(new_ids):
+        if t in cfg.eos_ids:
+            return new_ids[: i + 1], True
+    return new_ids[: cfg.max_new_tokens], len(new_ids) >= cfg.max_new_tokens
+
+
+def generate_target_only(
+    target: CausalLM,
+    prompt_ids: list[int],
+    cfg: DecodeConfig,
+    generator: torch.Generator | None = None,
+) -> tuple[list[int], DecodeStats]:
+    """Plain autoregressive decoding with the target: the reference the speculative path must match."""
+    stats, t0 = DecodeStats(), time.perf_counter()
+    out: list[int] = []
+    feed, pos = list(prompt_ids), 0
+    while True:
+        logits = _limit(
+            target.forward(torch.tensor(feed, dtype=torch.long), pos)[-1], cfg.vocab_limit
+        )
+        stats.target_calls += 1
+        pos += len(feed)
+        tok = (
+            int(logits.argmax())
+            if cfg.temperature <= 0
+            else sample(logits_to_probs(logits, cfg.temperature), generator)
+        )
+        out.append(tok)
+        out, done = _finish(out, cfg)
+        if done or pos >= target.max_seq_len:
+            break
+        feed = [tok]
+    stats.n_generated, stats.wall_s = len(out), time.perf_counter() - t0
+    stats.target_s = stats.wall_s
+    return out, stats
+
+
+class SpeculativeDecoder:
+    """Cross-vocabulary speculative decoding of ``target`` with ``drafter``, wired by composition."""
+
+    def __init__(
+        self,
+        target: CausalLM,
+        drafter: CausalLM,
+        mapper: VocabMapper,
+        policy: DraftLengthPolicy,
+        ngram_cache: NGramCache | None = None,
+        *,
+        config: DecodeConfig = DecodeConfig(),
+        drafter_bos: int | None = None,
+    ) -> None:
+        self.target, self.mapper, self.cfg = target, mapper, config
+        self.drafter = CrossVocabDrafter(
+            drafter,
+            mapper,
+            policy,
+            mode=config.mode,
+            target_vocab=target.vocab_size,
+            temperature=config.temperature,
+            ngram_cache=ngram_cache,
+            bos_id=drafter_bos,
+        )
+
+    def _verify(
+        self,
+        proposal_ids: list[int],
+        q: Tensor,
+        rows: Tensor | None,
+        logits: Tensor,
+        generator: torch.Generator | None,
+    ) -> tuple[int, int]:
+        if self.cfg.mode is Mode.GREEDY:
+            return verify_greedy(proposal_ids, logits)
+        probs = logits_to_probs(logits, self.cfg.temperature)
+        return verify(proposal_ids, q, rows, probs, generator)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        generator: torch.Generator | None = None,
+        observer: Observer | None = None,
+    ) -> tuple[list[int], DecodeStats]:
+        """Generate up to ``max_new_tokens`` target ids after ``prompt_ids`` (target ids)."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids must hold at least one token")
+        cfg, stats, t_start = self.cfg, DecodeStats(), time.perf_counter()
+        self.drafter.reset(prompt_ids)
+        self.drafter.seconds, self.drafter.calls = 0.0, 0
+        committed, out = list(prompt_ids), list[int]()
+        if len(committed) > 1:  # prefill all but the last prompt token
+            t0 = time.perf_counter()
+            self.target.forward(torch.tensor(committed[:-1], dtype=torch.long), 0)
+            stats.target_s += time.perf_counter() - t0
+            stats.target_calls += 1
+        while True:
+            prop = self.drafter.propose(generator)
+            room = self.target.max_seq_len - len(committed)
+            n_prop = max(0, min(len(prop.target_ids), room - 1))
+            feed = [committed[-1], *prop.target_ids[:n_prop]]
+            t0 = time.perf_counter()
+            logits = self.target.forward(torch.tensor(feed, dtype=torch.long), len(committed) - 1)
+            stats.target_s += time.perf_counter() - t0
+            stats.target_calls += 1
+            logits = _limit(logits, cfg.vocab_limit)
+            n_acc, next_id = self._verify(
+                prop.target_ids[:n_prop],
+                prop.q[:n_prop],
+                None if prop.rows is None else prop.rows[:n_prop],
+                logits,
+                generator,
+            )
+            new_ids = [*prop.target_ids[:n_acc], next_id]
+            if observer is not None:
+                top = torch.softmax(logits[: n_acc + 1].float(), -1).topk(cfg.observer_topk, -1)
+                observer(list(committed), new_ids, top.indices, top.values)
+            self.drafter.commit(prop, n_acc, next_id)
+            self._record(stats, prop.merged[:n_prop], n_acc, prop.n_drafted)
+            committed += new_ids
+            out, done = _finish([*out, *new_ids], cfg)
+            if done or len(committed) >= self.target.max_seq_len:
+                break
+        stats.n_generated = len(out)
+        stats.drafter_s, stats.drafter_calls = self.drafter.seconds, self.drafter.calls
+        stats.wall_s = time.perf_counter() - t_start
+        stats.overhead_s = max(0.0, stats.wall_s - stats.target_s - stats.drafter_s)
+        return out, stats
+
+    @staticmethod
+    def _record(stats: DecodeStats, merged: list[bool], n_acc: int, n_drafted: int) -> None:
+        stats.proposed += len(merged)
+        stats.accepted += n_acc
+        stats.merged_proposed += sum(merged)
+        stats.merged_accepted += sum(merged[:n_acc])
+        stats.accept_counts.append(n_acc)
+        stats.draft_len_trace.append(n_drafted)

@@ -1,0 +1,158 @@
+"""``CrossVocabDrafter``: drafts in the drafter's vocabulary, proposes in the target's.
+
+It owns the drafter-side state: the committed text as drafter ids (``draft_ids``) and how many of
+those positions hold valid KV (``kv_len``). Invariant after every ``commit``: the bytes of
+``draft_ids`` equal the bytes of the committed target ids, and ``kv_len < len(draft_ids)`` so the
+next ``propose`` always has at least one token to feed and gets fresh logits from it.
+
+Proposal construction (OmniDraft section 3): walk the drafted tokens left to right; at each
+position take the longest cached n-gram (merged probability = product of the drafted tokens'
+probabilities), else the direct mapping, else stop. ``exact`` mode restricts the drafter to DM
+tokens and skips the n-gram cache, so every proposal's probability is known exactly (TLI).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+from torch import Tensor
+
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
+from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+
+class Mode(StrEnum):
+    GREEDY = "greedy"  # argmax drafter, argmax verification: output == target greedy
+    EXACT = "exact"  # DM-restricted drafter, rejection sampling: output ~ target exactly
+    OMNIDRAFT = "omnidraft"  # paper's merged-probability proposals: measured, not exact
+
+
+@dataclass
+class Proposal:
+    target_ids: list[int]
+    q: Tensor  # (n,) proposal probability of each target id
+    rows: Tensor | None  # (n, V_target_model) proposal distributions for the residual
+    spans: list[int]  # drafter tokens behind each proposal
+    merged: list[bool]  # whether each came from the n-gram cache
+    n_drafted: int
+
+
+class CrossVocabDrafter:
+    def __init__(
+        self,
+        lm: CausalLM,
+        mapper: VocabMapper,
+        policy: DraftLengthPolicy,
+        *,
+        mode: Mode,
+        target_vocab: int,
+        temperature: float = 0.0,
+        ngram_cache: NGramCache | None = None,
+        bos_id: int | None = None,
+    ) -> None:
+        self.lm, self.mapper, self.policy, self.mode = lm, mapper, policy, mode
+        self.target_vocab, self.temperature = target_vocab, temperature
+        self.ngram_cache, self.bos_id = ngram_cache, bos_id
+        self.draft_ids: list[int] = []
+        self.kv_len = 0
+        self._fed_len = 0
+        self._drafts: list[int] = []
+        self.seconds = 0.0
+        self.calls = 0
+
+    def reset(self, prompt_target_ids: list[int]) -> None:
+        ids = self.mapper.translate(prompt_target_ids)
+        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        self.draft_ids, self.kv_len, self._fed_len = ids, 0, 0
+
+    def _forward(self, ids: list[int], start: int) -> Tensor:
+        t0 = time.perf_counter()
+        logits = self.lm.forward(torch.tensor(ids, dtype=torch.long), start)[-1]
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return logits
+
+    def _draft_probs(self, logits: Tensor) -> Tensor:
+        probs = logits_to_probs(logits, self.temperature)
+        return restrict(probs, self.mapper.dm_draft_mask) if self.mode is Mode.EXACT else probs
+
+    def draft(self, generator: torch.Generator | None) -> tuple[list[int], Tensor, list[Tensor]]:
+        """Run the drafter for up to ``policy.next_draft_len()`` tokens (drafter ids)."""
+        room = self.lm.max_seq_len - len(self.draft_ids) - 1
+        k = max(0, min(self.policy.next_draft_len(), room))
+        drafts: list[int] = []
+        q_tok: list[float] = []
+        rows: list[Tensor] = []
+        feed, start = self.draft_ids[self.kv_len :], self.kv_len
+        for i in range(k):
+            probs = self._draft_probs(self._forward(feed, start))
+            start += len(feed)
+            d = int(probs.argmax()) if self.temperature <= 0 else sample(probs, generator)
+            drafts.append(d)
+            q_tok.append(float(probs[d]))
+            rows.append(probs)
+            if d in self.mapper.draft_eos or not self.policy.keep_drafting(i, probs):
+                break
+            feed = [d]
+        self._fed_len, self._drafts = start, drafts
+        return drafts, torch.tensor(q_tok), rows
+
+    def _target_row(self, draft_row: Tensor) -> Tensor:
+        row = self.mapper.map_probs(draft_row)
+        pad = self.target_vocab - row.shape[-1]
+        return torch.nn.functional.pad(row, (0, pad)) if pad > 0 else row[: self.target_vocab]
+
+    def propose(self, generator: torch.Generator | None) -> Proposal:
+        """Draft, then turn the drafter tokens into target-vocabulary proposals."""
+        drafts, q_tok, rows = self.draft(generator)
+        ids: list[int] = []
+        qs: list[float] = []
+        out_rows: list[Tensor] = []
+        spans: list[int] = []
+        merged: list[bool] = []
+        sampling = self.temperature > 0
+        j = 0
+        while j < len(drafts):
+            hit = None
+            if self.ngram_cache is not None and self.mode is not Mode.EXACT:
+                hit = self.ngram_cache.match(drafts, j)
+            if hit is not None and hit[1] >= 2:
+                t, n = hit
+                q = float(q_tok[j : j + n].prod())
+            elif int(self.mapper.draft_to_target[drafts[j]]) >= 0:
+                t, n = int(self.mapper.draft_to_target[drafts[j]]), 1
+                q = float(q_tok[j])
+            else:
+                break
+            if sampling:
+                row = self._target_row(rows[j])
+                if n == 1:
+                    q = float(row[t])  # marginal over every drafter token spelling t
+                else:
+                    row[t] = q
+                out_rows.append(row)
+            ids.append(t)
+            qs.append(q)
+            spans.append(n)
+            merged.append(n > 1)
+            j += n
+        stacked = torch.stack(out_rows) if out_rows else None
+        return Proposal(ids, torch.tensor(qs), stacked, spans, merged, len(drafts))
+
+    def commit(self, proposal: Proposal, n_accepted: int, next_id: int) -> None:
+        """Keep the accepted drafts, append the target's own token, roll the KV pointer back."""
+        kept = sum(proposal.spans[:n_accepted])
+        tail = self.mapper.target_to_draft(next_id)
+        old_len = len(self.draft_ids)
+        self.draft_ids = [*self.draft_ids, *self._drafts[:kept], *tail]
+        self.kv_len = min(self._fed_len, old_len + kept, len(self.draft_ids) - 1)
+        self.kv_len = max(self.kv_len, 0)
+        if self.ngram_cache is not None and len(tail) >= 2:
+            self.ngram_cache.update(tail, next_id)
+        self.policy.update(proposal.n_drafted, kept)

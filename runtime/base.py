@@ -1,0 +1,48 @@
+"""``RuntimeModel``: one ABC level for exported graphs behind the ``CausalLM`` protocol.
+
+Each subclass only implements ``_run(token_ids (1,T) int64, input_pos (T,) int64) -> logits
+(T, V) float32``. The base class checks bounds and keeps the call count. KV caches are static and
+addressed by position, so rollback is calling again at an earlier ``start_pos``: nothing to undo.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from omnidraft_deploy.manifest import GraphInfo
+
+
+class RuntimeModel(ABC):
+    backend = "abstract"
+
+    def __init__(self, path: Path, info: GraphInfo) -> None:
+        self.path, self.info = Path(path), info
+        self.n_calls = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.info.max_seq_len
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        t = int(token_ids.shape[0])
+        if t < 1 or start_pos < 0 or start_pos + t > self.max_seq_len:
+            raise ValueError(
+                f"{self.path.name}: tokens {start_pos}..{start_pos + t} outside "
+                f"[0, {self.max_seq_len})"
+            )
+        self.n_calls += 1
+        ids = token_ids.to(torch.long).numpy().reshape(1, t)
+        pos = np.arange(start_pos, start_pos + t, dtype=np.int64)
+        return torch.from_numpy(np.ascontiguousarray(self._run(ids, pos), dtype=np.float32))
+
+    @abstractmethod
+    def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray: ...

@@ -1,0 +1,70 @@
+"""ExecuTorch runtime wrapper for ``.pte`` programs (XNNPACK); the KV cache is program state.
+
+Metadata comes from the program's constant methods (get_max_seq_len, get_vocab_size, ...), which
+``check_metadata`` compares with the manifest before anything runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omnidraft_deploy.runtime.base import RuntimeModel
+
+from omnidraft_deploy.manifest import BundleError, GraphInfo
+
+PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version
+
+
+def require_executorch_runtime() -> Any:
+    try:
+        from executorch.runtime import Runtime
+    except ImportError as e:
+        raise ImportError(
+            "the xnnpack backend needs ExecuTorch: pip install 'omnidraft-deploy[executorch]'"
+        ) from e
+    return Runtime
+
+
+def load_program(path: Path) -> Any:
+    head = path.read_bytes()[:8]
+    if len(head) < 8 or head[4:6] != PTE_MAGIC:
+        raise BundleError(path, "not an ExecuTorch program (no ET flatbuffer identifier)")
+    try:
+        return require_executorch_runtime().get().load_program(str(path))
+    except RuntimeError as e:
+        raise BundleError(
+            path, f"ExecuTorch refused the program ({e}): truncated or corrupted"
+        ) from None
+
+
+def constant(program: Any, name: str) -> Any:
+    value = program.load_method(name).execute([])
+    return value[0] if isinstance(value, list | tuple) and len(value) == 1 else value
+
+
+def check_metadata(program: Any, path: Path, info: GraphInfo) -> None:
+    for method, expected in (
+        ("get_vocab_size", info.vocab_size),
+        ("get_max_seq_len", info.max_seq_len),
+        ("get_n_layers", info.n_layers),
+    ):
+        got = int(constant(program, method))
+        if got != expected:
+            raise BundleError(path, f"{method}() = {got} but the manifest says {expected}")
+
+
+class PteModel(RuntimeModel):
+    backend = "executorch"
+
+    def __init__(self, path: Path, info: GraphInfo) -> None:
+        super().__init__(path, info)
+        self.program = load_program(self.path)
+        check_metadata(self.program, self.path, info)
+        self.method = self.program.load_method("forward")
+
+    def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
+        out = self.method.execute([torch.from_numpy(token_ids), torch.from_numpy(input_pos)])
+        return out[0][0].numpy()

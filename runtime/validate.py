@@ -1,0 +1,165 @@
+"""Parity of exported graphs with eager PyTorch, and whole-bundle validation / runs.
+
+``graph_parity``: logits of a runtime model vs the eager model over prefill, single-token steps
+and a rollback (re-feeding from an earlier position). ``validate_bundle``: greedy target-only
+decoding through eager PyTorch and through the bundle's runtime, plus speculative decoding through
+the bundle, on the shipped prompt set; token-for-token equality per prompt, as a JSON-able report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
+
+from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
+from omnidraft_deploy.pipeline import load_model
+from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.speculative.decoder import (
+    DecodeConfig,
+    SpeculativeDecoder,
+    generate_target_only,
+)
+from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
+from omnidraft_deploy.speculative.stats import DecodeStats
+
+SESSION_CACHE = "ngram_cache.session.bin"
+
+
+def graph_parity(
+    model: CausalLM, eager: Transformer, prompts: list[list[int]], steps: int = 3
+) -> dict[str, float]:
+    """Max |logit diff| and top-1 agreement, prefill + ``steps`` single tokens + one rollback."""
+    ref = EagerLM(eager)
+    worst, agree, rows = 0.0, 0, 0
+    for ids in prompts:
+        seq = list(ids)
+        chunks = [(seq, 0)]
+        for _ in range(steps):
+            nxt = int(ref.forward(torch.tensor(chunks[-1][0]), chunks[-1][1])[-1].argmax())
+            chunks.append(([nxt], chunks[-1][1] + len(chunks[-1][0])))
+        chunks.append((chunks[1][0] + [0], chunks[1][1]))  # rollback: re-feed from an earlier slot
+        for tokens, start in chunks:
+            a = model.forward(torch.tensor(tokens), start)
+            b = ref.forward(torch.tensor(tokens), start)
+            worst = max(worst, float((a - b).abs().max()))
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            rows += len(tokens)
+    return {"max_abs_logit_diff": worst, "top1_agreement": agree / rows, "prompts": len(prompts)}
+
+
+def _eager_target(bundle: OpenBundle) -> EagerLM:
+    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
+    return EagerLM(
+        load_model(
+            info.preset,
+            seed=int(extras.get("seed", 0)),
+            max_seq_len=info.max_seq_len,
+            weights=extras.get("target_model"),
+        )
+    )
+
+
+def validate_bundle(
+    bundle_dir: str | Path,
+    prompts: list[tuple[str, list[int]]],
+    *,
+    max_new_tokens: int = 24,
+    provider: str = "cpu",
+) -> dict[str, Any]:
+    """Greedy equality: eager vs runtime target-only vs runtime speculative, per prompt."""
+    bundle = open_bundle(bundle_dir, provider=provider)
+    eager = _eager_target(bundle)
+    cfg = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        vocab_limit=bundle.mapper.target_vocab_size,
+        eos_ids=bundle.mapper.target_eos,
+    )
+    dec = SpeculativeDecoder(
+        bundle.target,
+        bundle.drafter,
+        bundle.mapper,
+        HeuristicDraftLen(bundle.manifest.draft_len),
+        bundle.ngram_cache,
+        config=cfg,
+    )
+    rows = []
+    for task, ids in prompts:
+        t0 = time.perf_counter()
+        ref, _ = generate_target_only(eager, ids, cfg)
+        rt, _ = generate_target_only(bundle.target, ids, cfg)
+        spec, stats = dec.generate(ids)
+        rows.append(
+            {
+                "task": task,
+                "eager_eq_runtime": ref == rt,
+                "spec_eq_runtime": spec == rt,
+                "agreement": sum(a == b for a, b in zip(ref, rt, strict=False)) / max(1, len(ref)),
+                "acceptance_rate": stats.acceptance_rate,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    exact = bundle.manifest.graphs["target"].quantization == "fp32"
+    return {
+        "bundle": str(bundle_dir),
+        "backend": bundle.manifest.backend,
+        "provider": provider,
+        "quantization": bundle.manifest.graphs["target"].quantization,
+        "prompts": len(rows),
+        "eager_equal": sum(r["eager_eq_runtime"] for r in rows),
+        "speculative_equal": sum(r["spec_eq_runtime"] for r in rows),
+        "passed": all(r["spec_eq_runtime"] and (r["eager_eq_runtime"] or not exact) for r in rows),
+        "rows": rows,
+    }
+
+
+def run_bundle(
+    bundle_dir: str | Path,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int = 48,
+    drafter_bos: int | None = None,
+    provider: str = "cpu",
+) -> tuple[list[int], DecodeStats]:
+    """Speculative greedy generation from a bundle; the grown n-gram cache is saved atomically
+    next to the shipped one (``ngram_cache.session.bin``) so the next session starts warmer."""
+    bundle = open_bundle(bundle_dir, provider=provider)
+    session = Path(bundle_dir) / SESSION_CACHE
+    if session.is_file():
+        from omnidraft_deploy.ngram.format import load as load_ngram
+
+        bundle.ngram_cache, _ = load_ngram(
+            session,
+            expect_draft_vocab=bundle.mapper.draft_vocab_size,
+            expect_target_vocab=bundle.mapper.target_vocab_size,
+        )
+    cfg = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        vocab_limit=bundle.mapper.target_vocab_size,
+        eos_ids=bundle.mapper.target_eos,
+    )
+    dec = SpeculativeDecoder(
+        bundle.target,
+        bundle.drafter,
+        bundle.mapper,
+        HeuristicDraftLen(bundle.manifest.draft_len),
+        bundle.ngram_cache,
+        config=cfg,
+        drafter_bos=drafter_bos,
+    )
+    out, stats = dec.generate(prompt_ids)
+    write_bytes_atomic(
+        session,
+        ngram_to_bytes(
+            bundle.ngram_cache,
+            draft_vocab_size=bundle.mapper.draft_vocab_size,
+            target_vocab_size=bundle.mapper.target_vocab_size,
+        ),
+    )
+    return out, stats

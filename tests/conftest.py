@@ -1,0 +1,30 @@
+"""Shared test helpers. Asset policy: tokenizer assets are required (CI runs
+``omnidraft assets fetch`` before pytest), so a missing one FAILS with the fix; the optional model
+assets (SmolLM2-135M, Qwen2.5-0.5B GGUF) SKIP when absent."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+def require_asset_path(name: str) -> Path:
+    """Path of a cached asset: fail (default assets) or skip (optional models) if missing."""
+    from omnidraft_deploy.assets import AssetError, asset_path, get_asset
+
+    try:
+        return asset_path(name)
+    except AssetError as e:
+        if get_asset(name).optional:
+            pytest.skip(
+                f"optional model asset {name!r} not cached: `omnidraft assets fetch --models`"
+            )
+        pytest.fail(f"{e}\n(CI must run `omnidraft assets fetch` before pytest)", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def require_asset() -> Callable[[str], Path]:
+    """``require_asset("vocab-llama-spm-gguf") -> Path``; see ``require_asset_path``."""
+    return require_asset_path

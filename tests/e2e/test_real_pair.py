@@ -1,0 +1,115 @@
+"""Real cross-vocabulary pair (SmolLM2-135M drafter -> Qwen2.5-Coder-0.5B target).
+
+Fast tests cover the byte-safe mapper on table tokenizers; the ``slow`` ones load the real models
+(optional assets: skipped when not cached) and check that greedy speculative decoding returns the
+target's own greedy output token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnidraft_deploy import real_pair as rp
+from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
+from omnidraft_deploy.speculative.draft_len import make_policy
+from omnidraft_deploy.testing import TableTokenizer
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+
+def _toy() -> tuple[TableTokenizer, TableTokenizer]:
+    drafter = TableTokenizer("t-drafter", [b"</s>", b"a", b"b", b" ", b"ab"])  # no b"\xff"
+    target = TableTokenizer("t-target", [b"<eos>", b"a", b"b", b" ", b"ab", b"\xff", b"a\xff"])
+    return drafter, target
+
+
+def test_plain_mapper_rejects_unspellable_bytes() -> None:
+    drafter, target = _toy()
+    with pytest.raises(ValueError, match="0xff"):
+        VocabMapper.from_tokenizers(drafter, target)
+
+
+def test_byte_safe_mapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMNIDRAFT_CACHE", str(tmp_path))
+    drafter, target = _toy()
+    assert rp.unspellable_target_ids(drafter, target) == [5, 6]
+    mapper = rp.build_real_mapper(drafter, target)
+    assert mapper.target_to_draft(5) == [] and mapper.target_to_draft(6) == []
+    assert mapper.target_to_draft(4) == [4]  # spellable tokens keep their drafter spelling
+    assert [int(t) for t in mapper.draft_to_target] == [0, 1, 2, 3, 4]
+    assert list((tmp_path / "mappers").glob("t-drafter--t-target-bytesafe-*.bin"))
+    again = rp.build_real_mapper(drafter, target)  # from the cache file
+    assert again.target_to_draft(1) == [1] and again.target_to_draft(6) == []
+
+
+def test_spec_setting_validates() -> None:
+    assert rp.SpecSetting("heuristic", 3).name == "ours_spec_heuristic_k3"
+    with pytest.raises(ValueError, match="draft_len"):
+        rp.SpecSetting("fixed", 0)
+
+
+def test_summarise_speedups() -> None:
+    rows = [
+        {"method": "ours_target", "task": "code", "n_tokens": 10, "wall_s": 4.0,
+         "equal_own_baseline": True, "equal_hf_target": False},
+        {"method": "ours_spec_fixed_k2", "task": "code", "n_tokens": 10, "wall_s": 2.0,
+         "equal_own_baseline": True, "equal_hf_target": False},
+        {"method": "hf_target", "task": "code", "n_tokens": 10, "wall_s": 3.0,
+         "equal_own_baseline": True, "equal_hf_target": True},
+    ]  # fmt: skip
+    s = rp.summarise(rows)
+    assert s["ours_spec_fixed_k2"]["speedup_vs_own_target"] == pytest.approx(2.0)
+    assert s["ours_spec_fixed_k2"]["speedup_vs_hf_target"] == pytest.approx(1.5)
+    assert s["hf_target"]["speedup_vs_own_target"] == pytest.approx(1.0)
+    assert s["ours_target"]["tokens_per_s"] == pytest.approx(2.5)
+
+
+@pytest.fixture(scope="module")
+def real_pair(require_asset: Callable[[str], Path]) -> rp.RealPair:
+    require_asset("smollm2-135m-gguf")
+    require_asset("qwen2.5-0.5b-gguf")
+    return rp.load_real_pair(max_seq_len=256, with_hf=False)
+
+
+@pytest.mark.slow
+def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair) -> None:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    drafter_tok, target_tok = load_tokenizer("smollm2"), load_tokenizer("qwen2")
+    blank = set(rp.unspellable_target_ids(drafter_tok, target_tok))
+    assert 0 < len(blank) < 64  # only tokens with bytes that never occur in valid UTF-8
+    d_bytes, t_bytes = drafter_tok.token_bytes_table(), target_tok.token_bytes_table()
+    m = real_pair.mapper
+    for t in range(0, target_tok.vocab_size, 97):  # a spread sample of the 151646 ids
+        if t in blank or t in target_tok.special_ids:
+            continue
+        assert b"".join(d_bytes[d] for d in m.target_to_draft(t)) == t_bytes[t], t
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["heuristic", "predictor"])
+def test_greedy_speculative_equals_target_only(real_pair: rp.RealPair, policy: str) -> None:
+    from omnidraft_deploy.ngram.cache import NGramCache
+    from omnidraft_deploy.prompts import load_prompts
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    cfg = rp.decode_config(real_pair, 16)
+    dec = SpeculativeDecoder(real_pair.target, real_pair.drafter, real_pair.mapper,
+                             make_policy(policy, 3), NGramCache(), config=cfg)  # fmt: skip
+    prompts = [p for p in load_prompts({"code", "chat", "math"})][::3]
+    for p in prompts:
+        ids = real_pair.target_tok.encode(p.text)
+        logits = real_pair.target.forward(torch.tensor(ids, dtype=torch.long), 0)
+        assert torch.isfinite(logits).all(), "target logits not finite (NaN '!!!' outputs)"
+        want, _ = generate_target_only(real_pair.target, ids, cfg)
+        assert len(set(want)) > 2, real_pair.target_tok.decode(want)  # not a degenerate repeat
+        got, stats = dec.generate(ids)
+        assert got == want, (
+            p.task,
+            real_pair.target_tok.decode(want),
+            real_pair.target_tok.decode(got),
+        )
+        assert stats.proposed > 0 and stats.target_calls <= len(want)

@@ -1,0 +1,77 @@
+"""XNNPACK .pte recipe on a small model: reloaded program vs eager, constant methods, coverage."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from omnidraft_deploy.exporters.quantize import get_recipe
+from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import Transformer, build_model
+
+pytest.importorskip("executorch")
+
+SPEC = dataclasses.replace(get_preset("tiny-llama3-8b"), vocab_size=320)  # GQA
+PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
+
+
+def _export(tmp: Path, quant: str) -> tuple[Transformer, Path, dict]:
+    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
+
+    model = build_model(SPEC, seed=2, max_seq_len=32)
+    path = tmp / f"{quant}.pte"
+    cov = export_pte(
+        model, path, recipe=get_recipe("xnnpack", quant), eos_ids=(2, 7), bundle_hash="abc"
+    )
+    return model, path, cov
+
+
+@pytest.fixture(scope="module")
+def fp32(tmp_path_factory: pytest.TempPathFactory) -> tuple[Transformer, Path, dict]:
+    return _export(tmp_path_factory.mktemp("pte"), "fp32")
+
+
+def test_reloaded_pte_matches_eager_incl_rollback(fp32) -> None:
+    from omnidraft_deploy.exporters.exportable import graph_info
+
+    model, path, _ = fp32
+    info = graph_info(model, SPEC, file=path.name, quantization="fp32", seq_len=None)
+    result = verify_artifact(path, info, model, get_recipe("xnnpack", "fp32"), PROMPTS)
+    assert result["max_abs_logit_diff"] < 1e-4 and result["top1_agreement"] == 1.0
+    assert result["rollback_max_abs_diff"] < 1e-4
+    other = build_model(SPEC, seed=3, max_seq_len=32)
+    with pytest.raises(ExportVerificationError, match="fp32"):
+        verify_artifact(path, info, other, get_recipe("xnnpack", "fp32"), PROMPTS)
+
+
+def test_constant_methods_carry_the_metadata(fp32) -> None:
+    from omnidraft_deploy.exporters.executorch_xnnpack import CONSTANT_METHODS
+    from omnidraft_deploy.exporters.verify import pte_constants
+
+    _, path, _ = fp32
+    consts = pte_constants(path)
+    assert set(CONSTANT_METHODS) <= set(consts)
+    assert consts["get_max_seq_len"] == [32] and consts["get_vocab_size"] == [320]
+    assert consts["get_n_layers"] == [2] and consts["get_eos_ids"] == [2, 7]
+    assert consts["get_format_version"] == [1] and consts["get_bundle_hash"] == ["abc"]
+
+
+def test_linears_are_delegated_to_xnnpack(fp32) -> None:
+    _, _, cov = fp32
+    assert cov["delegated_nodes"] > 0 and cov["delegated_subgraphs"] > 0
+    assert not any("linear" in op or "mm" in op for op in cov["non_delegated_ops"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["8da4w", "8da4w-emb8", "int8w", "8da8w"])
+def test_quantized_pte_within_recipe_tolerance(quant: str, tmp_path: Path, fp32) -> None:
+    from omnidraft_deploy.exporters.exportable import graph_info
+
+    model, path, cov = _export(tmp_path, quant)
+    info = graph_info(model, SPEC, file=path.name, quantization=quant, seq_len=None)
+    result = verify_artifact(path, info, model, get_recipe("xnnpack", quant), PROMPTS)
+    assert 0 < result["max_abs_logit_diff"] < get_recipe("xnnpack", quant).tolerance
+    assert path.stat().st_size < fp32[1].stat().st_size

@@ -1,0 +1,100 @@
+"""ONNX recipe on a small model: reloaded graph (and .ort) vs eager, metadata, cache outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omnidraft_deploy.exporters.exportable import graph_info, input_names, output_names
+from omnidraft_deploy.exporters.quantize import get_recipe
+from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
+
+from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import Transformer, build_model
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)  # GQA + qkv bias
+PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Transformer, Path, GraphInfo]:
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    model = build_model(SPEC, seed=5, max_seq_len=32)
+    path = tmp_path_factory.mktemp("onnx") / "target.onnx"
+    info = graph_info(model, SPEC, file=path.name, quantization="fp32", seq_len=None)
+    export_onnx(model, path, info=info, recipe=get_recipe("onnx", "fp32"), bundle_hash="h123")
+    return model, path, info
+
+
+def test_reloaded_onnx_matches_eager_incl_rollback(exported) -> None:
+    model, path, info = exported
+    result = verify_artifact(path, info, model, get_recipe("onnx", "fp32"), PROMPTS)
+    assert result["max_abs_logit_diff"] < 1e-4 and result["top1_agreement"] == 1.0
+    assert result["rollback_max_abs_diff"] < 1e-4 and result["rows"] == 6 + 2 + 2 * 6
+
+
+def test_metadata_and_io_names(exported) -> None:
+    import onnx
+
+    _, path, info = exported
+    proto = onnx.load(str(path))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["omnidraft.format_version"] == "1" and meta["omnidraft.bundle_hash"] == "h123"
+    assert GraphInfo(**json.loads(meta["omnidraft.graph_info"])) == info
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == input_names(2)
+    assert [o.name for o in sess.get_outputs()] == output_names(2)
+    assert not path.with_name("target.onnx.data").exists()  # small graphs keep weights inline
+
+
+def test_cache_outputs_are_the_eager_cache_entries(exported) -> None:
+    model, path, info = exported
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    caches = {f"cache_{i}": np.zeros((1, 2, 32, 16), np.float32) for i in range(4)}
+    ids = np.array([[5, 9, 100, 3]], np.int64)
+    logits, *new = sess.run(None, {"token_ids": ids, "input_pos": np.arange(4), **caches})
+    model.reset_cache()
+    ref = model(torch.from_numpy(ids), torch.arange(4))
+    np.testing.assert_allclose(logits, ref.detach().numpy(), atol=1e-5)
+    for i, entries in enumerate(new):  # this chunk's k/v == what the stateful model stored
+        np.testing.assert_allclose(entries, model.get_buffer(f"kv_cache_{i}")[:, :, :4], atol=1e-5)
+
+
+def test_ort_mobile_format_matches(exported, tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.onnx import convert_to_ort
+
+    model, path, info = exported
+    copy = tmp_path / "target.onnx"
+    copy.write_bytes(path.read_bytes())
+    ort_path = convert_to_ort(copy)
+    assert ort_path.suffix == ".ort" and not list(tmp_path.glob("*.config"))
+    result = verify_artifact(ort_path, info, model, get_recipe("onnx", "fp32"), PROMPTS)
+    assert result["max_abs_logit_diff"] < 1e-4
+
+
+def test_int8_recipe_is_smaller_and_within_tolerance(exported, tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    model, path, info = exported
+    q = tmp_path / "q.onnx"
+    recipe = get_recipe("onnx", "int8")
+    export_onnx(model, q, info=dataclasses.replace(info, quantization="int8"), recipe=recipe)
+    assert q.stat().st_size < 0.6 * path.stat().st_size
+    result = verify_artifact(q, info, model, recipe, PROMPTS)
+    assert 0 < result["max_abs_logit_diff"] < recipe.tolerance
+
+
+def test_verification_fails_loudly_for_a_different_model(exported) -> None:
+    _, path, info = exported
+    other = build_model(SPEC, seed=6, max_seq_len=32)  # same shapes, other weights
+    with pytest.raises(ExportVerificationError, match=r"target.onnx: parity .* fp32"):
+        verify_artifact(path, info, other, get_recipe("onnx", "fp32"), PROMPTS)

@@ -1,0 +1,105 @@
+"""Quantisation recipes: lookup errors, validation, eager transforms (numerics, no mutation)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from omnidraft_deploy.exporters import EXPORTERS, get_exporter, register
+from omnidraft_deploy.exporters.quantize import (
+    RECIPES,
+    Backend,
+    Int8WeightOnlyLinear,
+    QuantRecipe,
+    get_recipe,
+    quantize_eager,
+    quantize_onnx_file,
+    recipe_names,
+)
+from torch import nn
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import build_model
+
+
+def test_every_backend_has_fp32_and_a_quantized_recipe() -> None:
+    assert {"fp32", "8da4w", "8da4w-emb8", "int8w", "8da8w"} <= set(recipe_names("xnnpack"))
+    assert {"fp32", "int8", "int4"} <= set(recipe_names("onnx"))
+    for (backend, name), r in RECIPES.items():
+        assert r.backend is backend and r.name == name
+        assert (r.tolerance <= 1e-3) == (name == "fp32")  # quantised recipes get looser bounds
+
+
+def test_unknown_quantization_lists_valid_names() -> None:
+    with pytest.raises(KeyError, match=r"unknown quantization 'int3'.*'8da4w'"):
+        get_recipe("xnnpack", "int3")
+    with pytest.raises(KeyError, match=r"unknown quantization '8da4w'.*'int4'"):
+        get_recipe("onnx", "8da4w")  # exists, but for another backend
+
+
+def test_unknown_backend_lists_backends() -> None:
+    with pytest.raises(KeyError, match=r"unknown backend 'tflite'.*'onnx'"):
+        get_recipe("tflite", "fp32")
+
+
+def test_recipe_validation() -> None:
+    with pytest.raises(ValueError, match="tolerance"):
+        QuantRecipe("x", Backend.ONNX, 0.0, 0.5)
+    with pytest.raises(ValueError, match="linear scheme"):
+        QuantRecipe("x", Backend.XNNPACK, 1.0, 0.5, linear="int3")
+    with pytest.raises(ValueError, match="embedding_bits"):
+        QuantRecipe("x", Backend.XNNPACK, 1.0, 0.5, embedding_bits=4)
+
+
+def test_wrong_backend_recipe_is_rejected(tmp_path) -> None:
+    model = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="not an eager"):
+        quantize_eager(model, get_recipe("onnx", "int8"))
+    with pytest.raises(ValueError, match="not an ONNX file recipe"):
+        quantize_onnx_file(tmp_path / "a.onnx", tmp_path / "b.onnx", get_recipe("onnx", "fp32"))
+
+
+def _small_model() -> nn.Module:
+    spec = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=256)  # qkv biases
+    return build_model(spec, seed=3, max_seq_len=16)
+
+
+def test_fp32_is_identity_and_int8w_copies() -> None:
+    model = _small_model()
+    assert quantize_eager(model, get_recipe("xnnpack", "fp32")) is model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    q = quantize_eager(model, get_recipe("xnnpack", "int8w"))
+    assert q is not model
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # untouched
+    assert isinstance(q.model.layers[0].self_attn.q_proj, Int8WeightOnlyLinear)
+    assert q.model.layers[0].self_attn.q_proj.bias is not None  # Qwen2 bias kept
+    ids = torch.tensor([[1, 5, 9, 200]])
+    ref, out = model.forward_train(ids), q.forward_train(ids)
+    assert 0 < float((out - ref).abs().max()) < 0.05
+
+
+def test_int8_weight_only_linear_matches_float() -> None:
+    lin = nn.Linear(64, 32)
+    q = Int8WeightOnlyLinear.from_float(lin)
+    x = torch.randn(3, 64)
+    err = (q(x) - lin(x)).abs().max()
+    assert q.weight.dtype == torch.int8 and float(err) < 0.02
+
+
+def test_8da4w_and_int8_embedding_quantize_eagerly() -> None:
+    pytest.importorskip("torchao")
+    pytest.importorskip("executorch")
+    model = _small_model()
+    q = quantize_eager(model, get_recipe("xnnpack", "8da4w-emb8"))
+    assert q.model.embed_tokens.weight.dtype == torch.int8
+    ids = torch.tensor([[1, 5, 9, 200]])
+    assert float((q.forward_train(ids) - model.forward_train(ids)).abs().max()) < 0.5
+
+
+def test_registry_error_path_and_no_silent_override() -> None:
+    assert {"xnnpack", "onnx", "qnn"} <= set(EXPORTERS)
+    with pytest.raises(KeyError, match=r"unknown exporter 'tflite'; choose from \[.*'onnx'"):
+        get_exporter("tflite")
+    with pytest.raises(ValueError, match="registered twice"):
+        register("onnx")(lambda *a, **k: None)

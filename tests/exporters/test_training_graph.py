@@ -1,0 +1,116 @@
+"""Exported training steps (ExecuTorch .pte, functional ONNX) == one PyTorch SGD step."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from omnidraft_deploy.exporters.training_graph import (
+    HybridTrainStep,
+    TrainStepConfig,
+    bind_weights,
+    example_batch,
+    export_executorch_training,
+    export_onnx_train_step,
+    pte_state_dict,
+    run_onnx_step,
+    run_pte_step,
+    swap_initializers,
+)
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import Transformer, build_model
+
+CFG = TrainStepConfig(seq_len=12, topk=4)
+LR, LAM = 0.5, 0.3
+
+
+def _drafter() -> Transformer:
+    # the drafter's family with a small vocabulary and one layer keeps the exports fast
+    spec = dataclasses.replace(get_preset("tiny-llama-68m"), vocab_size=512, n_layers=1)
+    return build_model(spec, seed=3, max_seq_len=CFG.seq_len).train()
+
+
+def _torch_step(
+    model: Transformer, batch: dict[str, torch.Tensor]
+) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    (loss,) = HybridTrainStep(model)(*batch.values(), torch.tensor(LAM))
+    loss.backward()
+    with torch.no_grad():
+        new = {n: p - LR * p.grad for n, p in model.named_parameters()}
+    return float(loss), new
+
+
+def test_onnx_train_step_matches_torch_and_feeds_inference_graph(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    model = _drafter()
+    batch = example_batch(CFG, model.args.vocab_size, seed=1)
+    ref_loss, ref_params = _torch_step(model, batch)
+    path = export_onnx_train_step(model, CFG, tmp_path / "train_step.onnx")
+    sess = ort.InferenceSession(str(path))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss, new_params = run_onnx_step(sess, params, batch, lr=LR, lam=LAM)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    assert set(new_params) == set(ref_params)
+    for n, p in ref_params.items():
+        torch.testing.assert_close(new_params[n], p, atol=2e-6, rtol=1e-4)
+    # a second step from the ONNX-updated weights keeps decreasing this batch's loss
+    loss2, _ = run_onnx_step(sess, new_params, batch, lr=LR, lam=LAM)
+    assert loss2 < loss
+
+    # weights flow back into an inference graph without re-export
+    class Logits(torch.nn.Module):
+        def __init__(self, m: Transformer) -> None:
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m.forward_train(ids)
+
+    infer_path = tmp_path / "drafter.onnx"
+    ids = batch["draft_ids"][:, :8]
+    torch.onnx.export(Logits(model.eval()), (ids,), infer_path, dynamo=True, optimize=False)
+    binding = bind_weights(onnx.load(str(infer_path)), list(new_params))
+    swapped = swap_initializers(onnx.load(str(infer_path)), binding, new_params)
+    infer = ort.InferenceSession(swapped.SerializeToString())
+    onnx_logits = torch.from_numpy(infer.run(None, {infer.get_inputs()[0].name: ids.numpy()})[0])
+    model.load_state_dict(ref_params, strict=False)
+    with torch.no_grad():
+        torch.testing.assert_close(onnx_logits, model.forward_train(ids), atol=1e-4, rtol=1e-4)
+    stale = ort.InferenceSession(str(infer_path))  # original weights: must differ
+    stale_logits = torch.from_numpy(stale.run(None, {stale.get_inputs()[0].name: ids.numpy()})[0])
+    assert float((stale_logits - onnx_logits).abs().max()) > 1e-3
+
+
+def test_bind_weights_rejects_optimised_graph() -> None:
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.helper.make_graph(
+        [], "g", [], [], initializer=[onnx.numpy_helper.from_array(torch.zeros(2).numpy(), "val_3")]
+    )
+    with pytest.raises(ValueError, match="optimize=False"):
+        bind_weights(onnx.helper.make_model(graph), ["lm_head.weight"])
+
+
+@pytest.mark.slow  # ~11 s: executorch import + export + lowering
+def test_executorch_training_step_matches_torch(tmp_path: Path) -> None:
+    training = pytest.importorskip("executorch.extension.training")
+    model = _drafter()
+    batch = example_batch(CFG, model.args.vocab_size, seed=2)
+    path = export_executorch_training(model, CFG, tmp_path / "train.pte", lam=LAM)
+    module = training._load_for_executorch_for_training(str(path))
+    ref_loss, ref_params = _torch_step(model, batch)
+    loss, _ = run_pte_step(module, batch, lr=LR, lam=LAM)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    got = pte_state_dict(module)
+    assert set(got) == set(ref_params)
+    for n, p in ref_params.items():
+        torch.testing.assert_close(got[n], p, atol=2e-6, rtol=1e-4)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="seq_len"):
+        TrainStepConfig(seq_len=1)

@@ -1,0 +1,124 @@
+"""Export the tiny Llama-3 target + Llama-2 drafter for every backend, reload, validate, break.
+
+One module-scoped export per backend (max_seq_len 64 keeps it quick); then: greedy equality
+eager == runtime == speculative through the runtime, and every kind of bad bundle is refused
+before any model runs, with a message naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from omnidraft_deploy.manifest import BundleError, read_manifest
+
+pytest.importorskip("onnxruntime")
+BACKENDS = ["onnx", "xnnpack", "qnn"]
+
+
+def _export(backend: str, out: Path) -> Path:
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+
+    from omnidraft_deploy.commands import export
+
+    quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-u8"}[backend]
+    cfg = ExportConfig(
+        target="tiny-llama3-8b",
+        drafter="tiny-llama-68m",
+        backend=backend,
+        quantization=quant,
+        out_dir=out,
+        max_seq_len=64,
+        draft_len=3,
+    )
+    return export(cfg)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def bundle(request, tmp_path_factory) -> Path:
+    if request.param == "xnnpack":
+        pytest.importorskip("executorch")
+    if request.param == "qnn":
+        pytest.importorskip("onnxruntime_qnn")
+    return _export(request.param, tmp_path_factory.mktemp(request.param) / "bundle")
+
+
+def _prompts(bundle: Path) -> list[tuple[str, list[int]]]:
+    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(read_manifest(bundle).graphs["target"].tokenizer)
+    return [(p.task, tok.encode(p.text)[:24]) for p in load_prompts()[::3]]
+
+
+def test_export_records_parity_and_validates(bundle: Path) -> None:
+    from omnidraft_deploy.runtime.validate import validate_bundle
+
+    manifest = read_manifest(bundle)
+    for info in manifest.graphs.values():
+        assert info.parity["max_abs_logit_diff"] <= info.parity["tolerance"]
+    provider = "qnn" if manifest.backend == "qnn" else "cpu"
+    report = validate_bundle(bundle, _prompts(bundle), max_new_tokens=8, provider=provider)
+    assert report["speculative_equal"] == report["prompts"]  # lossless through the runtime
+    if manifest.graphs["target"].quantization == "fp32":
+        assert report["eager_equal"] == report["prompts"]
+    assert report["passed"]
+
+
+def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> None:
+    from omnidraft_deploy.runtime.validate import SESSION_CACHE, run_bundle
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    ids = _prompts(copy)[0][1]
+    provider = "qnn" if read_manifest(copy).backend == "qnn" else "cpu"
+    first, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider)
+    assert (copy / SESSION_CACHE).is_file()
+    second, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider)
+    assert first == second
+
+
+def _broken(bundle: Path, tmp_path: Path, how: str) -> Path:
+    copy = tmp_path / how
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    graph = copy / manifest["graphs"]["target"]["file"]
+    if how == "missing":
+        graph.unlink()
+    elif how == "corrupted":
+        data = bytearray(graph.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        graph.write_bytes(bytes(data))
+    elif how == "truncated":
+        graph.write_bytes(graph.read_bytes()[:1000])
+    elif how == "newer_schema":
+        manifest["schema_version"] = 99
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "foreign_graph":  # a foreign file with a matching manifest entry
+        import hashlib
+
+        data = b"PK\x03\x04 definitely not a model" * 10
+        graph.write_bytes(data)
+        entry = manifest["files"][graph.name]
+        entry.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    elif how == "vocab_mismatch":
+        manifest["graphs"]["target"]["vocab_size"] = 1000
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+@pytest.mark.parametrize(
+    "how", ["missing", "corrupted", "truncated", "newer_schema", "foreign_graph", "vocab_mismatch"]
+)
+def test_bad_bundles_are_refused_naming_the_file(bundle: Path, tmp_path: Path, how: str) -> None:
+    from omnidraft_deploy.runtime.bundle import open_bundle
+
+    broken = _broken(bundle, tmp_path, how)
+    with pytest.raises(BundleError) as err:
+        open_bundle(broken)
+    named = {"newer_schema": "manifest.json", "vocab_mismatch": "vocab_map.bin"}.get(how, "target.")
+    assert named in str(err.value), str(err.value)

@@ -1,0 +1,92 @@
+"""ORT wrapper vs eager PyTorch: dynamic-T and static-T graphs, chunking, padding and rollback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from runtime_helpers import MAX_SEQ_LEN, cached_onnx, tiny_model
+
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.torch_lm import EagerLM
+
+pytest.importorskip("onnxruntime")
+from omnidraft_deploy.runtime.onnxruntime_model import OrtModel  # noqa: E402
+
+TOL = 1e-4  # fp32 ORT vs eager; measured ~1e-6 on these graphs
+# graph name -> (n_kv_heads, static T or None)
+GRAPHS = {"static3": (4, 3), "gqa_static3": (2, 3), "gqa_dynamic": (2, None)}
+
+
+class Graphs(dict[str, OrtModel]):
+    """Exports each graph on first use, so one failing export fails only its own tests."""
+
+    def __init__(self, tmp: Path, eager: dict[int, Transformer]) -> None:
+        super().__init__()
+        self.tmp, self.eager = tmp, eager
+
+    def __missing__(self, name: str) -> OrtModel:
+        kv, seq_len = GRAPHS[name]
+        path, info = cached_onnx(self.tmp, 64, 3, kv, seq_len)
+        self[name] = OrtModel(path, info)
+        return self[name]
+
+
+Setup = tuple[dict[int, EagerLM], Graphs]
+
+
+def _script(model: EagerLM | OrtModel) -> list[torch.Tensor]:
+    """Prefill 7, three single tokens, rollback to 5 and re-feed 4 other tokens, a chunk of 3."""
+    calls = [
+        ([3, 1, 4, 1, 5, 9, 2], 0),
+        ([6], 7),
+        ([5], 8),
+        ([3], 9),
+        ([7, 7, 1, 2], 5),
+        ([8, 0, 4], 9),
+    ]
+    return [model.forward(torch.tensor(ids), start) for ids, start in calls]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    tmp = tmp_path_factory.mktemp("ort")
+    eager = {kv: tiny_model(64, seed=3, n_kv_heads=kv) for kv in (2, 4)}
+    return {kv: EagerLM(m) for kv, m in eager.items()}, Graphs(tmp, eager)
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_logits_match_eager_through_rollback(setup: Setup, graph: str) -> None:
+    eager, graphs = setup
+    model = graphs[graph]
+    for a, b in zip(_script(model), _script(eager[GRAPHS[graph][0]]), strict=True):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        assert float((a - b).abs().max()) < TOL
+
+
+def test_static_graph_padding_never_writes_cache(setup: Setup) -> None:
+    """A 1-token call on a T=3 graph pads 2 rows; their k/v must not land in the host cache."""
+    model = setup[1]["static3"]
+    model.caches = [c * 0 for c in model.caches]
+    model.forward(torch.tensor([5]), 4)
+    for cache in model.caches:
+        assert np.abs(cache[:, :, 4]).sum() > 0
+        assert np.abs(cache[:, :, [0, 1, 2, 3, 5, 6]]).sum() == 0
+
+
+def test_static_graph_at_end_of_context(setup: Setup) -> None:
+    """Padding positions clamp at max_seq_len - 1; the last real slot must still be exact."""
+    eager, graphs = setup[0][4], setup[1]["static3"]
+    ids = torch.arange(MAX_SEQ_LEN) % 60
+    for model in (eager, graphs):
+        model.forward(ids[:-1], 0)
+    a = graphs.forward(ids[-1:], MAX_SEQ_LEN - 1)
+    b = eager.forward(ids[-1:], MAX_SEQ_LEN - 1)
+    assert float((a - b).abs().max()) < TOL
+
+
+def test_out_of_range_is_refused(setup: Setup) -> None:
+    with pytest.raises(ValueError, match=r"v64_s3_kv2_tNone\.onnx: tokens 31\.\.33 outside"):
+        setup[1]["gqa_dynamic"].forward(torch.tensor([1, 2]), MAX_SEQ_LEN - 1)

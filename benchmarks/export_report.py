@@ -28,7 +28,7 @@ from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.bundle import load_eager
 from omnidraft_deploy.exporters.memory import PeakRSS
 from omnidraft_deploy.exporters.quantize import get_recipe
-from omnidraft_deploy.exporters.verify import eager_step, onnx_step, parity, prompt_ids, pte_step
+from omnidraft_deploy.exporters.verify import artifact_step, eager_step, parity, prompt_ids
 
 from omnidraft_deploy.manifest import write_text_atomic
 from omnidraft_deploy.presets import get_preset
@@ -71,7 +71,7 @@ def run_config(
             row["op_coverage"] = facts["op_coverage"]
         path = Path(tmp) / info.file
         t1 = time.perf_counter()
-        artifact = pte_step(path) if path.suffix == ".pte" else onnx_step(path, info)
+        artifact = artifact_step(path, info)
         result = parity(artifact, eager_step(model), prompts)
         row["verify_s"] = round(time.perf_counter() - t1, 1)
         row["parity"] = result

@@ -1,8 +1,8 @@
 """Verification after export: reload the written artifact, decode real prompts, compare with eager.
 
-The artifact is reloaded the way a device would (``onnxruntime.InferenceSession`` for ``.onnx`` /
-``.ort``, ``executorch.runtime.Runtime`` for ``.pte``), independently of ``runtime/`` (exporters
-never import it). Each prompt runs as a prefill, ``decode_steps`` single-token steps (greedy tokens
+The artifact is reloaded the way a device would, through the reference runtime (``runtime/``:
+ONNX Runtime for ``.onnx`` / ``.ort``, the ExecuTorch runtime for ``.pte``), so export-time parity
+and bundle validation exercise the same host code (cache writes, static-T chunking). Each prompt runs as a prefill, ``decode_steps`` single-token steps (greedy tokens
 of the eager model) and a rollback: a 2-token chunk re-fed from an earlier position (what a
 rejected draft does), then one more step, so a cache written at the wrong slot or not masked on
 rollback shows up as a logit difference. Every row's logits are compared with the eager
@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
@@ -47,44 +46,21 @@ def eager_step(model: Transformer) -> StepFn:
     return step
 
 
-def onnx_step(path: Path, info: GraphInfo) -> StepFn:
-    """ONNX Runtime (CPU) over the explicit-cache contract; the host writes ``cache_out_i``."""
-    import onnxruntime as ort
+def artifact_step(path: Path, info: GraphInfo) -> StepFn:
+    """Reload ``path`` through the desktop runtime the bundle will run on (``runtime/``).
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    shape = (1, info.n_kv_heads, info.max_seq_len, info.head_dim)
-    caches = [np.zeros(shape, np.float32) for _ in range(2 * info.n_layers)]
-    names = [o.name for o in sess.get_outputs()]
+    ``.onnx`` / ``.ort``: ONNX Runtime CPU (static-T graphs are fed in padded T-token chunks, as on
+    the NPU); ``.pte``: the ExecuTorch runtime, with its constant-method metadata checked.
+    """
+    if path.suffix == ".pte":
+        from omnidraft_deploy.runtime.executorch_model import PteModel
 
-    def step(token_ids: Tensor, start_pos: int) -> Tensor:
-        t = len(token_ids)
-        pos = np.arange(start_pos, start_pos + t, dtype=np.int64)
-        feeds: dict[str, Any] = {"token_ids": token_ids.numpy()[None], "input_pos": pos}
-        feeds.update({f"cache_{i}": c for i, c in enumerate(caches)})
-        logits, *new = sess.run(names, feeds)
-        for i, entries in enumerate(new):
-            if entries.shape[2] == info.max_seq_len:  # whole cache returned
-                caches[i] = entries
-            else:  # this chunk's entries (1, KV, T, D)
-                caches[i][:, :, pos, :] = entries
-        return torch.from_numpy(logits[0])
+        return PteModel(path, info).forward
+    if path.suffix in (".onnx", ".ort"):
+        from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    return step
-
-
-def pte_step(path: Path) -> StepFn:
-    """ExecuTorch runtime: the ``forward`` method keeps its KV cache inside the program."""
-    from executorch.runtime import Runtime
-
-    method = Runtime.get().load_program(str(path)).load_method("forward")
-
-    def step(token_ids: Tensor, start_pos: int) -> Tensor:
-        pos = torch.arange(start_pos, start_pos + len(token_ids))
-        return method.execute([token_ids[None], pos])[0][0].float()
-
-    return step
+        return OrtModel(path, info).forward
+    raise ValueError(f"{path}: no verifier for {path.suffix!r} artifacts")
 
 
 def pte_constants(path: Path) -> dict[str, Any]:
@@ -173,13 +149,7 @@ def verify_artifact(
     """Reload ``path``, compare with ``eager`` (fp32), raise if outside ``recipe``'s tolerance."""
     if prompts is None:
         prompts = prompt_ids(info.tokenizer, info.vocab_size)
-    if path.suffix == ".pte":
-        artifact = pte_step(path)
-    elif path.suffix in (".onnx", ".ort"):
-        artifact = onnx_step(path, info)
-    else:
-        raise ValueError(f"{path}: no verifier for {path.suffix!r} artifacts")
-    result = parity(artifact, eager_step(eager), prompts)
+    result = parity(artifact_step(path, info), eager_step(eager), prompts)
     result |= {"tolerance": recipe.tolerance, "min_top1": recipe.min_top1}
     if (
         result["max_abs_logit_diff"] > recipe.tolerance

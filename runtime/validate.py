@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
 from omnidraft_deploy.manifest import write_bytes_atomic
@@ -35,23 +34,14 @@ SESSION_CACHE = "ngram_cache.session.bin"
 def graph_parity(
     model: CausalLM, eager: Transformer, prompts: list[list[int]], steps: int = 3
 ) -> dict[str, float]:
-    """Max |logit diff| and top-1 agreement, prefill + ``steps`` single tokens + one rollback."""
-    ref = EagerLM(eager)
-    worst, agree, rows = 0.0, 0, 0
-    for ids in prompts:
-        seq = list(ids)
-        chunks = [(seq, 0)]
-        for _ in range(steps):
-            nxt = int(ref.forward(torch.tensor(chunks[-1][0]), chunks[-1][1])[-1].argmax())
-            chunks.append(([nxt], chunks[-1][1] + len(chunks[-1][0])))
-        chunks.append((chunks[1][0] + [0], chunks[1][1]))  # rollback: re-feed from an earlier slot
-        for tokens, start in chunks:
-            a = model.forward(torch.tensor(tokens), start)
-            b = ref.forward(torch.tensor(tokens), start)
-            worst = max(worst, float((a - b).abs().max()))
-            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-            rows += len(tokens)
-    return {"max_abs_logit_diff": worst, "top1_agreement": agree / rows, "prompts": len(prompts)}
+    """Max |logit diff| and top-1 agreement of a runtime model vs eager PyTorch.
+
+    The same calls as export-time verification (``exporters.verify.parity``): prefill, ``steps``
+    single tokens, a rollback re-feed from an earlier slot and one more step.
+    """
+    from omnidraft_deploy.exporters.verify import eager_step, parity
+
+    return parity(model.forward, eager_step(eager), prompts, decode_steps=steps)
 
 
 def _eager_target(bundle: OpenBundle) -> EagerLM:

@@ -120,7 +120,7 @@ def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
 
 def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:
     import onnx
-    from omnidraft_deploy.exporters.qnn import QnnUnsupportedError, htp_session
+    from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, htp_session
     from onnx import TensorProto
     from onnx import helper as h
 

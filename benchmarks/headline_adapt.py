@@ -1,14 +1,24 @@
 """Headline: a 4.5M-param Llama-2-vocabulary drafter adapts online to the real Qwen2.5-Coder-0.5B.
 
-Target: Qwen2.5-Coder-0.5B-Instruct (pinned GGUF asset ``qwen2.5-0.5b-gguf``, Qwen2 vocabulary)
-through ``reference.hf_adapter.load_preset_weights``; drafter: ``trained-llama2-drafter``
-(``distill.pretrain``). Both run eagerly in PyTorch on CPU (not ONNX Runtime). A stream of held-out
-code prompts is decoded greedily; the first ``n_adapt`` feed ``OnlineDistiller`` (hybrid loss,
-update after every prompt), then ``n_eval`` prompts are timed three ways: target alone, speculative
-with the pre-trained drafter, speculative with the adapted drafter.
+Target: Qwen2.5-Coder-0.5B-Instruct (pinned GGUF asset ``qwen2.5-0.5b-gguf``, Qwen2 vocabulary,
+dequantised to fp32); drafter: ``trained-llama2-drafter`` (``distill.pretrain``, 2 layers x 128,
+tied 32000-row embedding: ~1% of the target's parameters, as 68M is of 8B). Both graphs run on
+ONNX Runtime CPU (``--runtime ort``, default; fp32 graphs exported with ``exporters.onnx`` and
+driven by ``runtime.onnxruntime_model.OrtModel``) or eagerly in PyTorch (``--runtime eager``).
 
-    .venv/bin/python benchmarks/headline_adapt.py [--n-adapt 16 --n-eval 4]
-Writes reports/headline_adapt.{json,md}. Slow (minutes); needs the optional model asset.
+A stream of held-out code prompts is decoded greedily. The first ``--n-adapt`` prompts are decoded
+speculatively (ORT target, eager drafter whose weights the learner updates) and feed
+``OnlineDistiller`` (hybrid loss L_DM + lambda * L_Ngram, one update after every prompt). The
+adapted weights are then swapped into the drafter's ONNX graph by initializer name
+(``exporters.training_graph.bind_weights`` / ``swap_initializers``: no re-export), and the last
+``--n-eval`` prompts are timed side by side, round-robin per prompt, three ways: target alone,
+speculative with the pre-trained drafter, speculative with the adapted drafter. Greedy outputs of
+all three must be identical (checked, reported).
+
+    .venv/bin/python benchmarks/headline_adapt.py [--n-adapt 16 --n-eval 6 --max-new-tokens 48]
+
+Writes reports/headline_adapt.{json,md,png}. Slow (the first run exports the 0.5B target to ONNX,
+~2 GB, cached under the asset cache); needs ``omnidraft assets fetch --models``.
 """
 
 from __future__ import annotations
@@ -17,8 +27,11 @@ import argparse
 import copy
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,6 +40,8 @@ from omnidraft_deploy.distill.online import OnlineDistiller, ReplayBuffer
 from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.pipeline import build_mapper
+from omnidraft_deploy.presets import ModelSpec, get_preset
+from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.hf_adapter import load_preset_weights
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -36,68 +51,187 @@ from omnidraft_deploy.speculative.decoder import (
     generate_target_only,
 )
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.speculative.stats import DecodeStats
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("headline_adapt")
+DRAFTER = "trained-llama2-drafter"
+TARGET = "qwen2.5-0.5b"
+RunFn = Callable[[list[int]], tuple[list[int], DecodeStats]]
 
 
 def _prompts(n: int, prompt_tokens: int) -> list[list[int]]:
     tok = load_tokenizer("qwen2")
-    pcfg = get_pretrain_config("trained-llama2-drafter")
+    pcfg = get_pretrain_config(DRAFTER)
     _, held = split(build_corpus(pcfg.data), pcfg.data.heldout_frac)
     docs = [tok.encode(d) for d in held["code"]]
     return [d[:prompt_tokens] for d in docs if len(d) > prompt_tokens + 8][:n]
 
 
-def _spec(
-    target: Transformer,
-    drafter: Transformer,
-    mapper: object,
-    cfg: DecodeConfig,
-) -> SpeculativeDecoder:
-    return SpeculativeDecoder(
-        EagerLM(target),
-        EagerLM(drafter),
-        mapper,  # type: ignore[arg-type]
-        FixedDraftLen(4),
-        NGramCache(),
-        config=cfg,
+def _onnx_graph(
+    model: Transformer, spec: ModelSpec, path: Path, *, swappable: bool = False
+) -> tuple[Path, Any]:
+    """Export ``model`` (fp32, dynamic T) to ``path`` unless cached there; returns (path, info)."""
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
+    if not path.is_file():
+        t0 = time.perf_counter()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        export_onnx(model, path, info=info, swappable=swappable)
+        log.info("exported %s in %.0f s", path, time.perf_counter() - t0)
+    return path, info
+
+
+def _swap_drafter(path: Path, info: Any, drafter: Transformer, out: Path) -> tuple[Any, float]:
+    """The drafter graph at ``path`` with ``drafter``'s weights swapped in, written to ``out``."""
+    import onnx
+    from omnidraft_deploy.exporters.training_graph import bind_weights, swap_initializers
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    t0 = time.perf_counter()
+    proto = onnx.load(str(path))
+    params = dict(drafter.named_parameters())
+    binding = bind_weights(proto, list(params))
+    onnx.save(swap_initializers(proto, binding, params), str(out))
+    return OrtModel(out, info), time.perf_counter() - t0
+
+
+def _decoder(target: CausalLM, drafter: CausalLM, mapper: Any, cfg: DecodeConfig) -> RunFn:
+    dec = SpeculativeDecoder(target, drafter, mapper, FixedDraftLen(4), NGramCache(), config=cfg)
+    return lambda p: dec.generate(p)
+
+
+def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[str, Any]:
+    """Round-robin per prompt (so load drift hits every method alike); sums per method."""
+    runs: dict[str, list[tuple[list[int], DecodeStats]]] = {m: [] for m in methods}
+    for i, p in enumerate(prompts):
+        for name, fn in methods.items():
+            runs[name].append(fn(p))
+            log.info(
+                "eval prompt %d/%d %s: %.2f s", i + 1, len(prompts), name, runs[name][-1][1].wall_s
+            )
+    ref = [out for out, _ in runs["target_only"]]
+    res: dict[str, Any] = {}
+    for name, rs in runs.items():
+        wall = sum(st.wall_s for _, st in rs)
+        n = sum(st.n_generated for _, st in rs)
+        res[name] = {
+            "wall_s": wall,
+            "n_generated": n,
+            "tokens_per_s": n / wall,
+            "acceptance_rate": sum(st.accepted for _, st in rs)
+            / max(1, sum(st.proposed for _, st in rs)),
+            "tokens_per_target_call": n / max(1, sum(st.target_calls for _, st in rs)),
+            "identical_to_target_only": sum(o == r for (o, _), r in zip(rs, ref, strict=True)),
+        }
+    for r in res.values():
+        r["speedup_vs_target"] = r["tokens_per_s"] / res["target_only"]["tokens_per_s"]
+    return res
+
+
+def _write(res: dict[str, Any], out: Path) -> None:
+    from omnidraft_deploy.manifest import write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "headline_adapt.json", json.dumps(res, indent=1))
+    rows = [
+        f"# Headline: {DRAFTER} (4.5M) -> Qwen2.5-Coder-0.5B-Instruct, {res['runtime']} CPU",
+        "",
+        f"torch threads {res['threads']}, greedy, draft length 4, {res['n_eval']} held-out code "
+        f"prompts x {res['max_new_tokens']} new tokens, timed round-robin in one run; adaptation: "
+        f"{res['n_adapt']} prompts, {res['adapt_wall_s']:.0f} s; weight swap into the ONNX "
+        f"graph {res.get('swap_s', 0.0):.2f} s. Load average at end: {res['loadavg']}.",
+        "",
+        "| run | acceptance | tokens / target call | tokens/s | speedup vs target-only | "
+        "identical to target-only |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in ("target_only", "before", "after"):
+        r = res["eval"][k]
+        rows.append(
+            f"| {k} | {r['acceptance_rate']:.3f} | {r['tokens_per_target_call']:.2f} | "
+            f"{r['tokens_per_s']:.2f} | {r['speedup_vs_target']:.2f}x | "
+            f"{r['identical_to_target_only']}/{res['n_eval']} |"
+        )
+    rows += [
+        "",
+        "Acceptance per adaptation prompt: "
+        + ", ".join(f"{a:.2f}" for a in res["adapt_acceptance_trace"]),
+    ]
+    write_text_atomic(out / "headline_adapt.md", "\n".join(rows) + "\n")
+    log.info("\n%s", "\n".join(rows))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    trace = res["adapt_acceptance_trace"]
+    a1.plot(range(1, len(trace) + 1), trace, marker="o")
+    a1.axhline(
+        res["eval"]["before"]["acceptance_rate"], ls="--", c="grey", label="held-out, before"
     )
-
-
-def _timed(gen, prompts: list[list[int]]) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    wall = acc = prop = n = calls = 0.0
-    for p in prompts:
-        _, st = gen(p)
-        wall, n, calls = wall + st.wall_s, n + st.n_generated, calls + st.target_calls
-        acc, prop = acc + st.accepted, prop + st.proposed
-    return {
-        "tokens_per_s": n / wall,
-        "acceptance_rate": acc / max(prop, 1.0),
-        "tokens_per_target_call": n / max(calls, 1.0),
-        "wall_s": wall,
-        "n_generated": n,
-    }
+    a1.axhline(res["eval"]["after"]["acceptance_rate"], ls="--", c="green", label="held-out, after")
+    a1.set(xlabel="adaptation prompt", ylabel="acceptance rate", title="online adaptation")
+    a1.legend()
+    names = ["target_only", "before", "after"]
+    a2.bar(names, [res["eval"][k]["speedup_vs_target"] for k in names], color=["grey", "C0", "C2"])
+    a2.axhline(1.0, c="k", lw=0.8)
+    a2.set(ylabel="speedup vs target-only", title=f"{res['runtime']} CPU wall clock")
+    fig.tight_layout()
+    fig.savefig(out / "headline_adapt.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runtime", choices=["ort", "eager"], default="ort")
     ap.add_argument("--n-adapt", type=int, default=16)
-    ap.add_argument("--n-eval", type=int, default=4)
+    ap.add_argument("--n-eval", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-seq-len", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out-dir", default="reports")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    target, _ = load_preset_weights("qwen2.5-0.5b", max_seq_len=512)
-    drafter = load_pretrained("trained-llama2-drafter")
+    torch.set_num_threads(a.threads)
+    from omnidraft_deploy.assets import cache_root
+
+    target, _ = load_preset_weights(TARGET, max_seq_len=a.max_seq_len)
+    drafter = load_pretrained(DRAFTER)
     mapper = build_mapper(load_tokenizer("llama2"), load_tokenizer("qwen2"))
     cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size)
     prompts = _prompts(a.n_adapt + a.n_eval, 48)
     adapt_p, eval_p = prompts[: a.n_adapt], prompts[a.n_adapt :]
-    res: dict = {"n_adapt": a.n_adapt, "n_eval": len(eval_p), "max_new_tokens": a.max_new_tokens}
-    res["target_only"] = _timed(lambda p: generate_target_only(EagerLM(target), p, cfg), eval_p)
-    res["before"] = _timed(_spec(target, drafter, mapper, cfg).generate, eval_p)
+    res: dict[str, Any] = {
+        "runtime": "ONNX Runtime" if a.runtime == "ort" else "eager PyTorch",
+        "threads": a.threads,
+        "n_adapt": len(adapt_p),
+        "n_eval": len(eval_p),
+        "max_new_tokens": a.max_new_tokens,
+        "drafter_params": sum(p.numel() for p in drafter.parameters()),
+        "target_params": sum(p.numel() for p in target.parameters()),
+    }
     adapted = copy.deepcopy(drafter)
+    if a.runtime == "ort":
+        from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+        work = cache_root() / "headline"
+        tpath, tinfo = _onnx_graph(
+            target, get_preset(TARGET), work / f"qwen2.5-0.5b-fp32-s{a.max_seq_len}.onnx"
+        )
+        dspec = get_pretrain_config(DRAFTER).spec()
+        (work / "drafter-before.onnx").unlink(missing_ok=True)  # small: exported fresh every run
+        dpath, dinfo = _onnx_graph(drafter, dspec, work / "drafter-before.onnx", swappable=True)
+        target_lm: CausalLM = OrtModel(tpath, tinfo)
+        before_lm: CausalLM = OrtModel(dpath, dinfo)
+        del target  # the eager 0.5B model is not needed beside its ONNX twin
+    else:
+        target_lm, before_lm = EagerLM(target), EagerLM(drafter)
+
     dist = OnlineDistiller(
         adapted,
         mapper,
@@ -108,34 +242,32 @@ def main(argv: list[str] | None = None) -> None:
         seq_len=96,
         buffer=ReplayBuffer(256, max_context=96),
     )
-    dec, t0, trace = _spec(target, adapted, mapper, cfg), time.perf_counter(), []
-    for p in adapt_p:
+    dec = SpeculativeDecoder(
+        target_lm, EagerLM(adapted), mapper, FixedDraftLen(4), NGramCache(), config=cfg
+    )
+    t0, trace = time.perf_counter(), []
+    for i, p in enumerate(adapt_p):
         _, st = dec.generate(p, observer=dist)
         trace.append(st.acceptance_rate)
         dist.update()
+        log.info("adapt prompt %d/%d: acceptance %.3f", i + 1, len(adapt_p), st.acceptance_rate)
     res["adapt_wall_s"], res["adapt_acceptance_trace"] = time.perf_counter() - t0, trace
-    res["after"] = _timed(_spec(target, adapted, mapper, cfg).generate, eval_p)
-    for k in ("before", "after"):
-        res[k]["speedup_vs_target"] = res[k]["tokens_per_s"] / res["target_only"]["tokens_per_s"]
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "headline_adapt.json").write_text(json.dumps(res, indent=1))
-    lines = [
-        "# Headline: trained-llama2-drafter -> Qwen2.5-Coder-0.5B (eager PyTorch, CPU)",
-        "",
-        "| run | acceptance | tokens/target call | tokens/s | speedup |",
-        "|---|---|---|---|---|",
-    ]
-    for k in ("target_only", "before", "after"):
-        r = res[k]
-        lines.append(
-            f"| {k} | {r['acceptance_rate']:.3f} | {r['tokens_per_target_call']:.2f} | "
-            f"{r['tokens_per_s']:.2f} | {r.get('speedup_vs_target', 1.0):.2f} |"
+
+    if a.runtime == "ort":
+        after_lm, res["swap_s"] = _swap_drafter(
+            dpath, dinfo, adapted, dpath.with_name("drafter-after.onnx")
         )
-    (out / "headline_adapt.md").write_text("\n".join(lines) + "\n")
-    log.info("\n%s", "\n".join(lines))
+    else:
+        after_lm = EagerLM(adapted)
+    methods: dict[str, RunFn] = {
+        "target_only": lambda p: generate_target_only(target_lm, p, cfg),
+        "before": _decoder(target_lm, before_lm, mapper, cfg),
+        "after": _decoder(target_lm, after_lm, mapper, cfg),
+    }
+    res["eval"] = _side_by_side(methods, eval_p)
+    res["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    _write(res, Path(a.out_dir))
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
     main()

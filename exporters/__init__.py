@@ -82,15 +82,29 @@ def export_onnx_graph(
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
 ) -> tuple[GraphInfo, dict[str, Any]]:
-    """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format)."""
+    """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format).
+
+    An fp32 drafter keeps one initializer per parameter (``swappable``), so weights trained on the
+    device (``training_graph``) are swapped into it without re-export.
+    """
     from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx
 
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
+    swappable = role == "drafter" and recipe.name == "fp32"
     path = export_onnx(
-        model, out_dir / info.file, info=info, recipe=recipe, bundle_hash=bundle_hash
+        model,
+        out_dir / info.file,
+        info=info,
+        recipe=recipe,
+        bundle_hash=bundle_hash,
+        swappable=swappable,
     )
     ort_file = convert_to_ort(path)
-    return info, {"ort_mobile_file": ort_file.name, "ort_mobile_bytes": ort_file.stat().st_size}
+    return info, {
+        "ort_mobile_file": ort_file.name,
+        "ort_mobile_bytes": ort_file.stat().st_size,
+        "weights_swappable": swappable,
+    }
 
 
 @register("qnn")

@@ -49,8 +49,14 @@ def export_onnx(
     recipe: QuantRecipe | None = None,
     seq_len: int | None = None,
     bundle_hash: str = "",
+    swappable: bool = False,
 ) -> Path:
-    """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU)."""
+    """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU).
+
+    ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
+    after it (``training_graph.bind_weights``), and trained weights can be swapped in without
+    re-export. ORT's session-time optimisations still fold the transposes, so speed is unchanged.
+    """
     import onnx
 
     model = model.eval().requires_grad_(False)
@@ -70,7 +76,7 @@ def export_onnx(
             (ids, pos, *caches),
             str(raw),
             dynamo=True,
-            optimize=True,
+            optimize=not swappable,
             input_names=input_names(a.n_layers),
             output_names=output_names(a.n_layers),
             external_data=big,

@@ -62,27 +62,27 @@ def test_onnx_train_step_matches_torch_and_feeds_inference_graph(tmp_path: Path)
     loss2, _ = run_onnx_step(sess, new_params, batch, lr=LR, lam=LAM)
     assert loss2 < loss
 
-    # weights flow back into an inference graph without re-export
-    class Logits(torch.nn.Module):
-        def __init__(self, m: Transformer) -> None:
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.m.forward_train(ids)
+    # weights flow back into the bundle's drafter graph (exporters.onnx, swappable) without
+    # re-export, and the runtime's OrtModel decodes with them
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     infer_path = tmp_path / "drafter.onnx"
-    ids = batch["draft_ids"][:, :8]
-    torch.onnx.export(Logits(model.eval()), (ids,), infer_path, dynamo=True, optimize=False)
+    spec = dataclasses.replace(get_preset("tiny-llama-68m"), vocab_size=512, n_layers=1)
+    info = graph_info(model, spec, file=infer_path.name, quantization="fp32", seq_len=None)
+    export_onnx(model.eval(), infer_path, info=info, swappable=True)
     binding = bind_weights(onnx.load(str(infer_path)), list(new_params))
-    swapped = swap_initializers(onnx.load(str(infer_path)), binding, new_params)
-    infer = ort.InferenceSession(swapped.SerializeToString())
-    onnx_logits = torch.from_numpy(infer.run(None, {infer.get_inputs()[0].name: ids.numpy()})[0])
+    swapped = tmp_path / "drafter.swapped.onnx"
+    onnx.save(swap_initializers(onnx.load(str(infer_path)), binding, new_params), str(swapped))
+    ids = batch["draft_ids"][0, :8]
+    onnx_logits = OrtModel(swapped, info).forward(ids, 0)
     model.load_state_dict(ref_params, strict=False)
     with torch.no_grad():
-        torch.testing.assert_close(onnx_logits, model.forward_train(ids), atol=1e-4, rtol=1e-4)
-    stale = ort.InferenceSession(str(infer_path))  # original weights: must differ
-    stale_logits = torch.from_numpy(stale.run(None, {stale.get_inputs()[0].name: ids.numpy()})[0])
+        torch.testing.assert_close(
+            onnx_logits, model.forward_train(ids[None])[0], atol=1e-4, rtol=1e-4
+        )
+    stale_logits = OrtModel(infer_path, info).forward(ids, 0)  # original weights: must differ
     assert float((stale_logits - onnx_logits).abs().max()) > 1e-3
 
 

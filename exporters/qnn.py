@@ -1,10 +1,11 @@
 """Recipe: Transformer -> static-shape QDQ ONNX for ONNX Runtime's QNN execution provider (NPU).
 
 Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> calibrate (real
-prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` +
-``quantize``: uint8 weights, uint8 or uint16 activations in QDQ format, what the Hexagon HTP runs) -> serialize
-(metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any operator the
-NPU cannot take fails here and is reported by name. On x86 ``onnxruntime-qnn`` simulates the HTP.
+prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
+uint8 per-channel weights and uint8 activations in QDQ format, what the Hexagon HTP runs) ->
+serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
+operator the NPU cannot take fails here and is reported by name. On x86 ``onnxruntime-qnn``
+simulates the HTP. There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
 """
 
 from __future__ import annotations
@@ -44,34 +45,30 @@ def export_qnn(
     ``prompts``: calibration token ids; None -> the shipped prompt set through ``info.tokenizer``.
     """
     import onnx
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     extras: dict[str, Any] = {"seq_len": info.seq_len}
-    if recipe.name == "fp32":
-        export_onnx(model, path, info=info, seq_len=info.seq_len)
-    else:
-        from onnxruntime.quantization import QuantType, quantize
-        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            fp32 = export_onnx(model, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
-            graph = onnx.load(str(fp32))
-            extras["reciprocal_to_div"] = reciprocal_to_div(graph)
-            onnx.save(graph, str(fp32))
-            calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
-            feeds = step_feeds(fp32, info, calib)
-            extras["calibration_steps"] = len(feeds)
-            config = get_qnn_qdq_config(
-                str(fp32),
-                StepReader(feeds),
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QUInt8,
-                per_channel=True,
-            )
-            qdq = Path(tmp) / "qdq.onnx"
-            quantize(str(fp32), str(qdq), config)
-            proto = onnx.load(str(qdq))
-            set_metadata(proto, info)
-            onnx.save(proto, str(path))
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        fp32 = export_onnx(model, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
+        graph = onnx.load(str(fp32))
+        extras["reciprocal_to_div"] = reciprocal_to_div(graph)
+        onnx.save(graph, str(fp32))
+        calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
+        feeds = step_feeds(fp32, info, calib)
+        extras["calibration_steps"] = len(feeds)
+        config = get_qnn_qdq_config(
+            str(fp32),
+            StepReader(feeds),
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QUInt8,
+            per_channel=True,
+        )
+        qdq = Path(tmp) / "qdq.onnx"
+        quantize(str(fp32), str(qdq), config)
+        proto = onnx.load(str(qdq))
+        set_metadata(proto, info)
+        onnx.save(proto, str(path))
     if validate:  # compile for the HTP once; the EPContext dump shows what a phone would load
         with tempfile.TemporaryDirectory() as tmp:
             session = htp_session(path, context=Path(tmp) / "ctx.onnx")

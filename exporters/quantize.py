@@ -77,7 +77,6 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         QuantRecipe("int8", Backend.ONNX, 4.0, 0.7),
         QuantRecipe("int4", Backend.ONNX, 8.0, 0.6),
         QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
-        QuantRecipe("fp32", Backend.QNN, 1e-3, 1.0),
     )
 }
 

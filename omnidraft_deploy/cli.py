@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quantization",
         help="xnnpack: fp32|8da4w|8da8w; onnx: fp32|int8|int4; "
-        "qnn: qdq-u8|fp32 (default: fp32, fp32, qdq-u8)",
+        "qnn: qdq-u8 (default: fp32, fp32, qdq-u8)",
     )
     p.add_argument("--out", help="bundle folder (default bundles/<target>-<backend>)")
     p.add_argument("--model", help="target weights: HF folder or GGUF file (default: preset)")

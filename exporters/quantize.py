@@ -195,7 +195,16 @@ def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
     if recipe.name == "int8":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+        # weight matmuls only: quantising the activation x activation matmuls (Q.K^T, P.V) and the
+        # embedding Gather as well cost SmolLM2-135M half its top-1 agreement (0.49)
+        quantize_dynamic(
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            extra_options={"MatMulConstBOnly": True},
+        )
     elif recipe.name == "int4":
         import onnx
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer

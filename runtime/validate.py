@@ -56,6 +56,26 @@ def _eager_target(bundle: OpenBundle) -> EagerLM:
     )
 
 
+def _decoder(
+    bundle: OpenBundle, max_new_tokens: int, *, drafter_bos: int | None = None
+) -> SpeculativeDecoder:
+    """Greedy speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length."""
+    cfg = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        vocab_limit=bundle.mapper.target_vocab_size,
+        eos_ids=bundle.mapper.target_eos,
+    )
+    return SpeculativeDecoder(
+        bundle.target,
+        bundle.drafter,
+        bundle.mapper,
+        HeuristicDraftLen(bundle.manifest.draft_len),
+        bundle.ngram_cache,
+        config=cfg,
+        drafter_bos=drafter_bos,
+    )
+
+
 def validate_bundle(
     bundle_dir: str | Path,
     prompts: list[tuple[str, list[int]]],
@@ -66,19 +86,8 @@ def validate_bundle(
     """Greedy equality: eager vs runtime target-only vs runtime speculative, per prompt."""
     bundle = open_bundle(bundle_dir, provider=provider)
     eager = _eager_target(bundle)
-    cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        vocab_limit=bundle.mapper.target_vocab_size,
-        eos_ids=bundle.mapper.target_eos,
-    )
-    dec = SpeculativeDecoder(
-        bundle.target,
-        bundle.drafter,
-        bundle.mapper,
-        HeuristicDraftLen(bundle.manifest.draft_len),
-        bundle.ngram_cache,
-        config=cfg,
-    )
+    dec = _decoder(bundle, max_new_tokens)
+    cfg = dec.cfg
     rows = []
     for task, ids in prompts:
         t0 = time.perf_counter()
@@ -129,20 +138,7 @@ def run_bundle(
             expect_draft_vocab=bundle.mapper.draft_vocab_size,
             expect_target_vocab=bundle.mapper.target_vocab_size,
         )
-    cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        vocab_limit=bundle.mapper.target_vocab_size,
-        eos_ids=bundle.mapper.target_eos,
-    )
-    dec = SpeculativeDecoder(
-        bundle.target,
-        bundle.drafter,
-        bundle.mapper,
-        HeuristicDraftLen(bundle.manifest.draft_len),
-        bundle.ngram_cache,
-        config=cfg,
-        drafter_bos=drafter_bos,
-    )
+    dec = _decoder(bundle, max_new_tokens, drafter_bos=drafter_bos)
     out, stats = dec.generate(prompt_ids)
     write_bytes_atomic(
         session,

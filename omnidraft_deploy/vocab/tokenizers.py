@@ -64,7 +64,27 @@ def _bytes_to_unicode() -> dict[int, str]:
 UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in _bytes_to_unicode().items()}
 
 
-class SentencePieceTokenizer:
+class _SpecialTokens:
+    """BOS / EOS / special ids, shared by both tokenizer kinds (set by their ``__init__``)."""
+
+    _bos: int | None
+    _eos: tuple[int, ...]
+    _special: frozenset[int]
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        return self._eos
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special
+
+
+class SentencePieceTokenizer(_SpecialTokens):
     """SentencePiece BPE with byte fallback (Llama-2, Vicuna, Mistral)."""
 
     def files(self) -> dict[str, bytes]:
@@ -90,18 +110,6 @@ class SentencePieceTokenizer:
     @property
     def vocab_size(self) -> int:
         return int(self._sp.get_piece_size())
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._bos
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return self._eos
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self._special
 
     def encode(self, text: str) -> list[int]:
         if self._sp_raw is None:
@@ -134,7 +142,7 @@ class SentencePieceTokenizer:
         return out
 
 
-class BPETokenizer:
+class BPETokenizer(_SpecialTokens):
     """Byte-level BPE through the ``tokenizers`` library (Llama-3, Qwen2, GPT-2, SmolLM2)."""
 
     def files(self) -> dict[str, bytes]:
@@ -151,18 +159,6 @@ class BPETokenizer:
     @property
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
-
-    @property
-    def bos_id(self) -> int | None:
-        return self._bos
-
-    @property
-    def eos_ids(self) -> tuple[int, ...]:
-        return self._eos
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        return self._special
 
     def encode(self, text: str) -> list[int]:
         if self._nfc:

@@ -28,9 +28,10 @@ from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.bundle import load_eager
 from omnidraft_deploy.exporters.memory import PeakRSS
 from omnidraft_deploy.exporters.quantize import get_recipe
-from omnidraft_deploy.exporters.verify import artifact_step, eager_step, parity, prompt_ids
+from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids
 
 from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.parity import eager_step, parity
 from omnidraft_deploy.presets import get_preset
 
 log = logging.getLogger("export_report")

@@ -84,18 +84,29 @@ def _onnx_graph(
     return path, info
 
 
-def _swap_drafter(path: Path, info: Any, drafter: Transformer, out: Path) -> tuple[Any, float]:
-    """The drafter graph at ``path`` with ``drafter``'s weights swapped in, written to ``out``."""
+def _swap_drafter(
+    path: Path, info: Any, drafter: Transformer, out: Path, probe: list[int]
+) -> tuple[Any, dict[str, float]]:
+    """The drafter graph at ``path`` with ``drafter``'s weights swapped in (written to ``out``),
+    and the swap's cost and its max |logit diff| against the eager drafter on ``probe``."""
     import onnx
-    from omnidraft_deploy.exporters.training_graph import bind_weights, swap_initializers
+    from omnidraft_deploy.exporters.training_graph import (
+        bind_weights,
+        param_aliases,
+        swap_initializers,
+    )
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     t0 = time.perf_counter()
     proto = onnx.load(str(path))
     params = dict(drafter.named_parameters())
-    binding = bind_weights(proto, list(params))
+    binding = bind_weights(proto, list(params), param_aliases(drafter))
     onnx.save(swap_initializers(proto, binding, params), str(out))
-    return OrtModel(out, info), time.perf_counter() - t0
+    model = OrtModel(out, info)
+    seconds = time.perf_counter() - t0
+    ids = torch.tensor(probe)
+    diff = (model.forward(ids, 0) - EagerLM(drafter).forward(ids, 0)).abs().max()
+    return model, {"swap_s": seconds, "swap_max_abs_logit_diff": float(diff)}
 
 
 def _decoder(target: CausalLM, drafter: CausalLM, mapper: Any, cfg: DecodeConfig) -> RunFn:
@@ -142,7 +153,8 @@ def _write(res: dict[str, Any], out: Path) -> None:
         f"torch threads {res['threads']}, greedy, draft length 4, {res['n_eval']} held-out code "
         f"prompts x {res['max_new_tokens']} new tokens, timed round-robin in one run; adaptation: "
         f"{res['n_adapt']} prompts, {res['adapt_wall_s']:.0f} s; weight swap into the ONNX "
-        f"graph {res.get('swap_s', 0.0):.2f} s. Load average at end: {res['loadavg']}.",
+        f"graph {res.get('swap_s', 0.0):.2f} s (max |logit diff| vs eager "
+        f"{res.get('swap_max_abs_logit_diff', 0.0):.1e}). Load average at end: {res['loadavg']}.",
         "",
         "| run | acceptance | tokens / target call | tokens/s | speedup vs target-only | "
         "identical to target-only |",
@@ -254,9 +266,11 @@ def main(argv: list[str] | None = None) -> None:
     res["adapt_wall_s"], res["adapt_acceptance_trace"] = time.perf_counter() - t0, trace
 
     if a.runtime == "ort":
-        after_lm, res["swap_s"] = _swap_drafter(
-            dpath, dinfo, adapted, dpath.with_name("drafter-after.onnx")
+        probe = [1] + load_tokenizer("llama2").encode("def main():\n    return 0")
+        after_lm, swap = _swap_drafter(
+            dpath, dinfo, adapted, dpath.with_name("drafter-after.onnx"), probe
         )
+        res |= swap
     else:
         after_lm = EagerLM(adapted)
     methods: dict[str, RunFn] = {

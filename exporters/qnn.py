@@ -23,9 +23,9 @@ from omnidraft_deploy.exporters.calibration import (
 )
 from omnidraft_deploy.exporters.onnx import export_onnx, set_metadata
 from omnidraft_deploy.exporters.quantize import QuantRecipe
-from omnidraft_deploy.runtime.qnn_model import htp_session
 
 from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.onnx_host import htp_session
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)

@@ -222,12 +222,30 @@ def run_onnx_step(
     return float(outs[0]), {n: torch.from_numpy(v) for n, v in zip(names, outs[1:], strict=True)}
 
 
-def bind_weights(onnx_model: Any, param_names: list[str]) -> dict[str, str]:
-    """Parameter name -> initializer name in an inference graph exported with ``optimize=False``."""
+def param_aliases(model: Any) -> dict[str, list[str]]:
+    """Parameter name -> every name it has in ``model`` (tied weights: the embedding is also
+    ``lm_head.weight``, and the exported graph keeps one initializer under one of the names)."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {names[0]: names for names in by_id.values()}
+
+
+def bind_weights(
+    onnx_model: Any, param_names: list[str], aliases: dict[str, list[str]] | None = None
+) -> dict[str, str]:
+    """Parameter name -> initializer name in an inference graph exported with ``optimize=False``.
+
+    ``aliases`` (``param_aliases(model)``): the other names of tied parameters, tried in turn.
+    """
     inits = [i.name for i in onnx_model.graph.initializer]
     binding: dict[str, str] = {}
     for name in param_names:
-        hits = [i for i in inits if i == name or i.endswith("." + name)]
+        hits: list[str] = []
+        for alias in (aliases or {}).get(name, [name]):
+            hits = [i for i in inits if i == alias or i.endswith("." + alias)]
+            if hits:
+                break
         if len(hits) != 1:
             raise ValueError(
                 f"parameter {name!r} matches initializers {hits} in the inference "

@@ -94,12 +94,12 @@ def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> Ru
         from omnidraft_deploy.runtime.executorch_model import PteModel
 
         return PteModel(path, info)
+    if provider == "qnn":
+        from omnidraft_deploy.runtime.qnn_model import qnn_model
+
+        return qnn_model(path, info)
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    if provider == "qnn":
-        from omnidraft_deploy.runtime.qnn_model import qnn_session
-
-        return OrtModel(path, info, session=qnn_session(path))
     return OrtModel(path, info)
 
 

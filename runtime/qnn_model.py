@@ -1,86 +1,22 @@
-"""ONNX Runtime sessions on the Qualcomm QNN HTP backend (simulated on x86 by onnxruntime-qnn).
+"""ONNX Runtime on the Qualcomm QNN HTP backend (simulated on x86 by onnxruntime-qnn).
 
-The graph wrapper is ``OrtModel``: QNN graphs are static-T explicit-cache ONNX graphs, and
-``OrtModel`` already feeds them in T-sized chunks. The exporter (``exporters.qnn``) validates its
-graphs and writes the EPContext model through the same ``htp_session``.
+QNN graphs are static-T explicit-cache ONNX graphs: the model wrapper is ``OrtModel`` with an
+HTP-only session (CPU fallback disabled). The session helper lives in ``omnidraft_deploy.onnx_host``,
+where the exporter's HTP validation uses it too.
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
-from typing import Any
+
+from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
+
+__all__ = ["QnnUnsupportedError", "htp_session", "qnn_model"]
 
 
-class QnnUnsupportedError(RuntimeError):
-    """The HTP backend refused the graph; ``ops`` names the operators it could not take."""
-
-    def __init__(self, path: Path, ops: list[str], detail: str) -> None:
-        super().__init__(
-            f"{path.name}: QNN HTP cannot run ops {ops or '(unnamed)'}: {detail[:400]}"
-        )
-        self.ops = ops
-
-
-def _htp_options(ort: Any, *, fallback: bool, context: Path | None = None) -> Any:
-    """SessionOptions on the QNN HTP device; ``context``: also write the EPContext model there."""
-    if not any(d.ep_name == "QNNExecutionProvider" for d in ort.get_ep_devices()):
-        import onnxruntime_qnn
-
-        ort.register_execution_provider_library(
-            "QNNExecutionProvider", onnxruntime_qnn.get_library_path()
-        )
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if fallback else "1")
-    if context is not None:
-        opts.add_session_config_entry("ep.context_enable", "1")
-        opts.add_session_config_entry("ep.context_file_path", str(context))
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == "QNNExecutionProvider"]
-    opts.add_provider_for_devices(devices, {"backend_type": "htp"})
-    return opts
-
-
-def cpu_nodes(path: Path) -> list[str]:
-    """``"OpType (node name)"`` of every node QNN HTP leaves to the CPU EP.
-
-    ORT's "fallback disabled" error names no node, so the graph is compiled again with fallback
-    allowed and an EPContext dump: every node left beside the ``EPContext`` node(s) is one the HTP
-    refused. No context file means the HTP took nothing, so every node is listed.
-    """
-    import onnx
-    import onnxruntime as ort
-
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = Path(tmp) / "ctx.onnx"
-        ort.InferenceSession(str(path), _htp_options(ort, fallback=True, context=ctx))
-        graph = onnx.load(str(ctx if ctx.is_file() else path), load_external_data=False).graph
-    return [f"{n.op_type} ({n.name})" for n in graph.node if n.op_type != "EPContext"]
-
-
-def htp_session(path: Path, *, context: Path | None = None) -> Any:
-    """ORT session on QNN HTP only (CPU fallback disabled); ``context``: write the precompiled
-    EPContext model (what a phone loads without recompiling) to that path.
-
-    Raises ``QnnUnsupportedError`` naming the nodes the HTP cannot take (see ``cpu_nodes``); a
-    graph the HTP accepts but fails to finalize names no op (the QNN error text is kept).
-    """
-    try:
-        import onnxruntime as ort
-        import onnxruntime_qnn  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "the qnn backend needs the QNN execution provider: "
-            "pip install 'omnidraft-deploy[qnn]' (onnxruntime-qnn)"
-        ) from e
-    try:
-        return ort.InferenceSession(str(path), _htp_options(ort, fallback=False, context=context))
-    except Exception as e:  # ORT's Fail / EPFail have no common public base class
-        detail = str(e)
-    ops = cpu_nodes(path) if "fallback to CPU EP has been explicitly disabled" in detail else []
-    raise QnnUnsupportedError(path, ops, detail)
-
-
-def qnn_session(path: Path) -> Any:
-    """HTP-only session for the runtime (CPU fallback disabled): ``htp_session`` without context."""
-    return htp_session(path)
+def qnn_model(path: Path, info: GraphInfo) -> OrtModel:
+    """``OrtModel`` on the HTP; raises ``QnnUnsupportedError`` naming ops the NPU cannot take."""
+    return OrtModel(path, info, session=htp_session(path))

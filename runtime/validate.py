@@ -16,6 +16,7 @@ from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
 from omnidraft_deploy.manifest import write_bytes_atomic
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
+from omnidraft_deploy.parity import eager_step, parity
 from omnidraft_deploy.pipeline import load_model
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
@@ -36,11 +37,9 @@ def graph_parity(
 ) -> dict[str, float]:
     """Max |logit diff| and top-1 agreement of a runtime model vs eager PyTorch.
 
-    The same calls as export-time verification (``exporters.verify.parity``): prefill, ``steps``
+    The same calls as export-time verification (``omnidraft_deploy.parity``): prefill, ``steps``
     single tokens, a rollback re-feed from an earlier slot and one more step.
     """
-    from omnidraft_deploy.exporters.verify import eager_step, parity
-
     return parity(model.forward, eager_step(eager), prompts, decode_steps=steps)
 
 

@@ -95,14 +95,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """softmax over the slots where ``mask`` (broadcastable 0/1 float) is 1, without infinities.
 
-    Multiplying exp(scores - max) by the mask equals a -inf masked softmax, but every tensor stays
-    finite and in a small range: what uint8 QDQ graphs on an NPU need (a -inf or -1e9 fill is
-    rejected by QNN's ElementWiseSelect or wipes out the quantisation range of the scores).
-    Zeroing masked scores before the max makes the result independent of what stale or later
-    slots hold, so a quantised graph gives the same numbers however the tokens are chunked.
+    Equals a -inf masked softmax, but every tensor stays finite and in the range of the real
+    scores: what uint8 QDQ graphs on an NPU need (a -inf or -1e9 fill is rejected by QNN's
+    ElementWiseSelect or wipes out the quantisation range of the scores). Masked slots are first
+    zeroed (so nothing depends on what stale or later cache slots hold: a quantised graph gives
+    the same numbers however the tokens are chunked), then set to the row's minimum, which is at
+    most every real score, so the max is a real slot's and that slot's weight is exactly 1. (Taking
+    the max over zeroed slots instead underflows every real weight to 0 when all real scores are
+    below about -88, as Qwen2.5's attention produces: 0/0 = NaN.)
     """
-    scores = scores * mask  # masked slots -> 0, so the max never depends on stale cache slots
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)) * mask
+    masked = scores * mask
+    masked = masked + (1.0 - mask) * masked.amin(dim=-1, keepdim=True)
+    weights = torch.exp(masked - masked.amax(dim=-1, keepdim=True)) * mask
     return weights / weights.sum(dim=-1, keepdim=True)
 
 

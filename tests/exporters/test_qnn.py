@@ -69,12 +69,11 @@ def test_htp_parity_with_eager_within_recipe_tolerance(
     qdq: tuple[Transformer, Path, GraphInfo, dict],
 ) -> None:
     from omnidraft_deploy.exporters.quantize import get_recipe
-    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
-    from omnidraft_deploy.runtime.qnn_model import qnn_session
+    from omnidraft_deploy.runtime.qnn_model import qnn_model
     from omnidraft_deploy.runtime.validate import graph_parity
 
     model, path, info, _ = qdq
-    htp = OrtModel(path, info, session=qnn_session(path))
+    htp = qnn_model(path, info)
     parity = graph_parity(htp, model, _prompts(3, 7))
     log.info("qdq-u8 HTP vs eager: %s", parity)
     recipe = get_recipe("qnn", "qdq-u8")
@@ -90,10 +89,10 @@ def test_htp_matches_cpu_run_of_same_qdq_graph(
 ) -> None:
     """The simulated NPU computes in integers; ORT-CPU emulates the same QDQ graph in float."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
-    from omnidraft_deploy.runtime.qnn_model import qnn_session
+    from omnidraft_deploy.runtime.qnn_model import qnn_model
 
     _, path, info, _ = qdq
-    htp, cpu = OrtModel(path, info, session=qnn_session(path)), OrtModel(path, info)
+    htp, cpu = qnn_model(path, info), OrtModel(path, info)
     ids = torch.tensor(_prompts(1, 8)[0])
     a, b = htp.forward(ids, 0), cpu.forward(ids, 0)
     log.info(
@@ -120,9 +119,10 @@ def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
 
 def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:
     import onnx
-    from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, htp_session
     from onnx import TensorProto
     from onnx import helper as h
+
+    from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
 
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, [4])

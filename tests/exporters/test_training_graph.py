@@ -114,3 +114,35 @@ def test_executorch_training_step_matches_torch(tmp_path: Path) -> None:
 def test_config_validation() -> None:
     with pytest.raises(ValueError, match="seq_len"):
         TrainStepConfig(seq_len=1)
+
+
+def test_tied_drafter_weights_swap_into_its_graph(tmp_path: Path) -> None:
+    """Tied embedding / lm_head: the graph keeps one initializer under one of the two names."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.training_graph import param_aliases
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    spec = dataclasses.replace(
+        get_preset("tiny-llama-68m"), vocab_size=512, n_layers=1, tie_embeddings=True
+    )
+    model = build_model(spec, seed=4, max_seq_len=16).eval()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    info = graph_info(model, spec, file="d.onnx", quantization="fp32", seq_len=None)
+    path = export_onnx(model, tmp_path / "d.onnx", info=info, swappable=True)
+    params = dict(model.named_parameters())
+    with pytest.raises(ValueError, match="embed_tokens"):
+        bind_weights(onnx.load(str(path)), list(params))  # without aliases the tie is missed
+    binding = bind_weights(onnx.load(str(path)), list(params), param_aliases(model))
+    assert len(binding) == len(params)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    swapped = tmp_path / "d.swapped.onnx"
+    onnx.save(swap_initializers(onnx.load(str(path)), binding, params), str(swapped))
+    ids = torch.tensor([1, 7, 300, 42, 9])
+    with torch.no_grad():
+        ref = model(ids[None], torch.arange(5))[0]
+    torch.testing.assert_close(OrtModel(swapped, info).forward(ids, 0), ref, atol=1e-4, rtol=1e-4)

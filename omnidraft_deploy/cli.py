@@ -193,6 +193,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from omnidraft_deploy.manifest import read_manifest
     from omnidraft_deploy.runtime.validate import run_bundle
+    from omnidraft_deploy.streaming import TextStreamer
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     graphs = read_manifest(args.bundle).graphs
@@ -200,14 +201,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         load_tokenizer(graphs["target"].tokenizer),
         load_tokenizer(graphs["drafter"].tokenizer),
     )
-    out, stats = run_bundle(
+    stream = TextStreamer(t_tok, sys.stdout, sys.stderr if args.step_stats else None)
+    sys.stdout.write(args.prompt)
+    _, stats = run_bundle(
         args.bundle,
         t_tok.encode(args.prompt),
         max_new_tokens=args.max_new_tokens,
         drafter_bos=d_tok.bos_id,
         provider=args.provider,
+        observer=stream,
     )
-    print(args.prompt + t_tok.decode(out))
+    stream.finish()
     print("# " + json.dumps({k: round(v, 4) for k, v in stats.summary().items()}))
     return 0
 
@@ -279,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--provider", default="cpu", choices=["cpu", "qnn"])
+    p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
     p.set_defaults(handler=_cmd_run)
     return parser
 

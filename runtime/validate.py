@@ -23,6 +23,7 @@ from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
+    Observer,
     SpeculativeDecoder,
     generate_target_only,
 )
@@ -124,9 +125,12 @@ def run_bundle(
     max_new_tokens: int = 48,
     drafter_bos: int | None = None,
     provider: str = "cpu",
+    observer: Observer | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Speculative greedy generation from a bundle; the grown n-gram cache is saved atomically
-    next to the shipped one (``ngram_cache.session.bin``) so the next session starts warmer."""
+    next to the shipped one (``ngram_cache.session.bin``) so the next session starts warmer.
+    ``observer`` sees every verification step (``streaming.TextStreamer`` prints text as it comes).
+    """
     bundle = open_bundle(bundle_dir, provider=provider)
     session = Path(bundle_dir) / SESSION_CACHE
     if session.is_file():
@@ -138,7 +142,7 @@ def run_bundle(
             expect_target_vocab=bundle.mapper.target_vocab_size,
         )
     dec = _decoder(bundle, max_new_tokens, drafter_bos=drafter_bos)
-    out, stats = dec.generate(prompt_ids)
+    out, stats = dec.generate(prompt_ids, observer=observer)
     write_bytes_atomic(
         session,
         ngram_to_bytes(

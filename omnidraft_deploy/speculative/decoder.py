@@ -171,13 +171,15 @@ class SpeculativeDecoder:
                 generator,
             )
             new_ids = [*prop.target_ids[:n_acc], next_id]
-            if observer is not None:
-                top = torch.softmax(logits[: n_acc + 1].float(), -1).topk(cfg.observer_topk, -1)
-                observer(list(committed), new_ids, top.indices, top.values)
+            out_next, done = _finish([*out, *new_ids], cfg)
+            kept = new_ids[: len(out_next) - len(out)]  # what the caller gets (EOS / budget)
+            if observer is not None and kept:
+                top = torch.softmax(logits[: len(kept)].float(), -1).topk(cfg.observer_topk, -1)
+                observer(list(committed), kept, top.indices, top.values)
             self.drafter.commit(prop, n_acc, next_id)
             self._record(stats, prop.merged[:n_prop], n_acc, prop.n_drafted)
             committed += new_ids
-            out, done = _finish([*out, *new_ids], cfg)
+            out = out_next
             if done or len(committed) >= self.target.max_seq_len:
                 break
         stats.n_generated = len(out)

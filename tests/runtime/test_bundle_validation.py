@@ -81,6 +81,28 @@ def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> No
     assert first == second
 
 
+def test_cli_run_streams_text_and_step_stats(
+    bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omnidraft_deploy.cli import main
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = read_manifest(copy)
+    provider = "qnn" if manifest.backend == "qnn" else "cpu"
+    prompt = "def add(a, b):"
+    args = ["run", str(copy), "--prompt", prompt, "--max-new-tokens", "6", "--step-stats"]
+    assert main([*args, "--provider", provider]) == 0
+    out, err = capsys.readouterr()
+    text, summary = out.rsplit("# ", 1)
+    stats = json.loads(summary)
+    assert text.startswith(prompt) and stats["n_generated"] == 6
+    assert err.count("[step ") == stats["target_calls"] - 1  # the prefill call commits nothing
+    tok = load_tokenizer(manifest.graphs["target"].tokenizer)
+    assert len(tok.encode(text[len(prompt) :].rstrip("\n"))) > 0
+
+
 def _broken(bundle: Path, tmp_path: Path, how: str) -> Path:
     copy = tmp_path / how
     shutil.copytree(bundle, copy)

@@ -50,7 +50,7 @@ from omnidraft_deploy.speculative.decoder import (
     SpeculativeDecoder,
     generate_target_only,
 )
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.speculative.stats import DecodeStats
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
@@ -109,8 +109,15 @@ def _swap_drafter(
     return model, {"swap_s": seconds, "swap_max_abs_logit_diff": float(diff)}
 
 
-def _decoder(target: CausalLM, drafter: CausalLM, mapper: Any, cfg: DecodeConfig) -> RunFn:
-    dec = SpeculativeDecoder(target, drafter, mapper, FixedDraftLen(4), NGramCache(), config=cfg)
+def _decoder(
+    target: CausalLM,
+    drafter: CausalLM,
+    mapper: Any,
+    cfg: DecodeConfig,
+    policy: str,
+    cache: NGramCache,
+) -> RunFn:
+    dec = SpeculativeDecoder(target, drafter, mapper, make_policy(policy, 4), cache, config=cfg)
     return lambda p: dec.generate(p)
 
 
@@ -124,7 +131,7 @@ def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[s
                 "eval prompt %d/%d %s: %.2f s", i + 1, len(prompts), name, runs[name][-1][1].wall_s
             )
     ref = [out for out, _ in runs["target_only"]]
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"target_outputs": ref}
     for name, rs in runs.items():
         wall = sum(st.wall_s for _, st in rs)
         n = sum(st.n_generated for _, st in rs)
@@ -142,6 +149,24 @@ def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[s
     return res
 
 
+@torch.no_grad()
+def _teacher_forced_top1(
+    drafter: Transformer, mapper: Any, prompts: list[list[int]], outputs: list[list[int]]
+) -> float:
+    """Share of the target's continuation (spelled in drafter ids) the drafter predicts top-1,
+    teacher-forced: what the drafter learned, independent of the draft-length policy."""
+    from omnidraft_deploy.distill.align import translate
+
+    hits = total = 0
+    for p, o in zip(prompts, outputs, strict=True):
+        ids, spans = translate(mapper, p + o)
+        start = spans[len(p)][0] if o else len(ids)
+        pred = drafter.forward_train(torch.tensor(ids)[None])[0].argmax(-1)
+        hits += int((pred[start - 1 : -1] == torch.tensor(ids[start:])).sum())
+        total += len(ids) - start
+    return hits / max(total, 1)
+
+
 def _write(res: dict[str, Any], out: Path) -> None:
     from omnidraft_deploy.manifest import write_text_atomic
 
@@ -150,20 +175,25 @@ def _write(res: dict[str, Any], out: Path) -> None:
     rows = [
         f"# Headline: {DRAFTER} (4.5M) -> Qwen2.5-Coder-0.5B-Instruct, {res['runtime']} CPU",
         "",
-        f"torch threads {res['threads']}, greedy, draft length 4, {res['n_eval']} held-out code "
+        f"torch threads {res['threads']}, greedy, {res['policy']} draft length (start 4), "
+        f"{res['n_eval']} held-out code "
         f"prompts x {res['max_new_tokens']} new tokens, timed round-robin in one run; adaptation: "
-        f"{res['n_adapt']} prompts, {res['adapt_wall_s']:.0f} s; weight swap into the ONNX "
+        f"{res['n_adapt']} prompts, {res['steps_per_update']} {res['optimizer']} steps of "
+        f"{res['batch_size']} observations "
+        f"(lr {res['lr']:g}) after each, "
+        f"{res['adapt_wall_s']:.0f} s; weight swap into the ONNX "
         f"graph {res.get('swap_s', 0.0):.2f} s (max |logit diff| vs eager "
         f"{res.get('swap_max_abs_logit_diff', 0.0):.1e}). Load average at end: {res['loadavg']}.",
         "",
-        "| run | acceptance | tokens / target call | tokens/s | speedup vs target-only | "
-        "identical to target-only |",
-        "|---|---|---|---|---|---|",
+        "| run | acceptance | tokens / target call | drafter top-1 (teacher-forced) | tokens/s | "
+        "speedup vs target-only | identical to target-only |",
+        "|---|---|---|---|---|---|---|",
     ]
     for k in ("target_only", "before", "after"):
         r = res["eval"][k]
         rows.append(
             f"| {k} | {r['acceptance_rate']:.3f} | {r['tokens_per_target_call']:.2f} | "
+            f"{r.get('teacher_forced_top1', float('nan')):.3f} | "
             f"{r['tokens_per_s']:.2f} | {r['speedup_vs_target']:.2f}x | "
             f"{r['identical_to_target_only']}/{res['n_eval']} |"
         )
@@ -206,6 +236,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
+    ap.add_argument("--steps-per-update", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--out-dir", default="reports")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -216,14 +251,21 @@ def main(argv: list[str] | None = None) -> None:
     drafter = load_pretrained(DRAFTER)
     mapper = build_mapper(load_tokenizer("llama2"), load_tokenizer("qwen2"))
     cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size)
-    prompts = _prompts(a.n_adapt + a.n_eval, 48)
-    adapt_p, eval_p = prompts[: a.n_adapt], prompts[a.n_adapt :]
+    pool = _prompts(10_000, 48)  # every held-out code document long enough (88)
+    if a.n_adapt + a.n_eval > len(pool):
+        raise SystemExit(f"--n-adapt + --n-eval must be <= {len(pool)} held-out prompts")
+    adapt_p, eval_p = pool[: a.n_adapt], pool[len(pool) - a.n_eval :]  # eval set fixed
     res: dict[str, Any] = {
         "runtime": "ONNX Runtime" if a.runtime == "ort" else "eager PyTorch",
         "threads": a.threads,
         "n_adapt": len(adapt_p),
         "n_eval": len(eval_p),
         "max_new_tokens": a.max_new_tokens,
+        "policy": a.policy,
+        "steps_per_update": a.steps_per_update,
+        "lr": a.lr,
+        "batch_size": a.batch_size,
+        "optimizer": a.optimizer,
         "drafter_params": sum(p.numel() for p in drafter.parameters()),
         "target_params": sum(p.numel() for p in target.parameters()),
     }
@@ -244,18 +286,20 @@ def main(argv: list[str] | None = None) -> None:
     else:
         target_lm, before_lm = EagerLM(target), EagerLM(drafter)
 
+    adapt_cache = NGramCache()
     dist = OnlineDistiller(
         adapted,
         mapper,
-        lr=1e-3,
+        lr=a.lr,
+        optimizer=a.optimizer,
         lam=1.0,
-        batch_size=4,
-        steps_per_update=2,
+        batch_size=a.batch_size,
+        steps_per_update=a.steps_per_update,
         seq_len=96,
         buffer=ReplayBuffer(256, max_context=96),
     )
     dec = SpeculativeDecoder(
-        target_lm, EagerLM(adapted), mapper, FixedDraftLen(4), NGramCache(), config=cfg
+        target_lm, EagerLM(adapted), mapper, make_policy(a.policy, 4), adapt_cache, config=cfg
     )
     t0, trace = time.perf_counter(), []
     for i, p in enumerate(adapt_p):
@@ -275,10 +319,15 @@ def main(argv: list[str] | None = None) -> None:
         after_lm = EagerLM(adapted)
     methods: dict[str, RunFn] = {
         "target_only": lambda p: generate_target_only(target_lm, p, cfg),
-        "before": _decoder(target_lm, before_lm, mapper, cfg),
-        "after": _decoder(target_lm, after_lm, mapper, cfg),
+        # before: the shipped state (empty n-gram cache); after: adapted weights and the n-gram
+        # cache grown during adaptation (both are the drafter's online state)
+        "before": _decoder(target_lm, before_lm, mapper, cfg, a.policy, NGramCache()),
+        "after": _decoder(target_lm, after_lm, mapper, cfg, a.policy, copy.deepcopy(adapt_cache)),
     }
     res["eval"] = _side_by_side(methods, eval_p)
+    outs = res["eval"].pop("target_outputs")
+    for k, model in (("before", drafter), ("after", adapted)):
+        res["eval"][k]["teacher_forced_top1"] = _teacher_forced_top1(model, mapper, eval_p, outs)
     res["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     _write(res, Path(a.out_dir))
 

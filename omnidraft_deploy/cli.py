@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="xnnpack", choices=["xnnpack", "qnn", "onnx"])
     p.add_argument(
         "--quantization",
-        help="xnnpack: fp32|8da4w|8da8w; onnx: fp32|int8|int4; "
+        help="xnnpack: fp32|8da4w|8da8w; onnx: fp32|int8|int4|int8-dyn; "
         "qnn: qdq-u8 (default: fp32, fp32, qdq-u8)",
     )
     p.add_argument("--out", help="bundle folder (default bundles/<target>-<backend>)")

@@ -81,13 +81,16 @@ def test_ort_mobile_format_matches(exported, tmp_path: Path) -> None:
     assert result["max_abs_logit_diff"] < 1e-4
 
 
-def test_int8_recipe_is_smaller_and_within_tolerance(exported, tmp_path: Path) -> None:
+@pytest.mark.parametrize("quant", ["int8", "int8-dyn"])
+def test_int8_recipes_are_smaller_and_within_tolerance(
+    exported, tmp_path: Path, quant: str
+) -> None:
     from omnidraft_deploy.exporters.onnx import export_onnx
 
     model, path, info = exported
     q = tmp_path / "q.onnx"
-    recipe = get_recipe("onnx", "int8")
-    export_onnx(model, q, info=dataclasses.replace(info, quantization="int8"), recipe=recipe)
+    recipe = get_recipe("onnx", quant)
+    export_onnx(model, q, info=dataclasses.replace(info, quantization=quant), recipe=recipe)
     assert q.stat().st_size < 0.6 * path.stat().st_size
     result = verify_artifact(q, info, model, recipe, PROMPTS)
     assert 0 < result["max_abs_logit_diff"] < recipe.tolerance

@@ -121,8 +121,11 @@ def _decoder(
     return lambda p: dec.generate(p)
 
 
-def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[str, Any]:
-    """Round-robin per prompt (so load drift hits every method alike); sums per method."""
+def _side_by_side(
+    methods: dict[str, RunFn], prompts: list[list[int]]
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """Round-robin per prompt (so load drift hits every method alike): sums per method, and the
+    target-only outputs."""
     runs: dict[str, list[tuple[list[int], DecodeStats]]] = {m: [] for m in methods}
     for i, p in enumerate(prompts):
         for name, fn in methods.items():
@@ -131,7 +134,7 @@ def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[s
                 "eval prompt %d/%d %s: %.2f s", i + 1, len(prompts), name, runs[name][-1][1].wall_s
             )
     ref = [out for out, _ in runs["target_only"]]
-    res: dict[str, Any] = {"target_outputs": ref}
+    res: dict[str, Any] = {}
     for name, rs in runs.items():
         wall = sum(st.wall_s for _, st in rs)
         n = sum(st.n_generated for _, st in rs)
@@ -146,7 +149,7 @@ def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]]) -> dict[s
         }
     for r in res.values():
         r["speedup_vs_target"] = r["tokens_per_s"] / res["target_only"]["tokens_per_s"]
-    return res
+    return res, ref
 
 
 @torch.no_grad()
@@ -324,8 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         "before": _decoder(target_lm, before_lm, mapper, cfg, a.policy, NGramCache()),
         "after": _decoder(target_lm, after_lm, mapper, cfg, a.policy, copy.deepcopy(adapt_cache)),
     }
-    res["eval"] = _side_by_side(methods, eval_p)
-    outs = res["eval"].pop("target_outputs")
+    res["eval"], outs = _side_by_side(methods, eval_p)
     for k, model in (("before", drafter), ("after", adapted)):
         res["eval"][k]["teacher_forced_top1"] = _teacher_forced_top1(model, mapper, eval_p, outs)
     res["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())

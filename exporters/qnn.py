@@ -2,7 +2,9 @@
 
 Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> calibrate (real
 prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
-uint8 per-channel weights and uint8 activations in QDQ format, what the Hexagon HTP runs) ->
+uint8 per-channel weights; uint16 (``qdq-a16w8``, default) or uint8 (``qdq-u8``) activations in
+QDQ format, what the Hexagon HTP runs; real LLM activations have outlier channels that uint8
+cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``) ->
 serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
 operator the NPU cannot take fails here and is reported by name. On x86 ``onnxruntime-qnn``
 simulates the HTP. There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
@@ -60,7 +62,7 @@ def export_qnn(
         config = get_qnn_qdq_config(
             str(fp32),
             StepReader(feeds),
-            activation_type=QuantType.QUInt8,
+            activation_type=QuantType.QUInt16 if recipe.name == "qdq-a16w8" else QuantType.QUInt8,
             weight_type=QuantType.QUInt8,
             per_channel=True,
         )

@@ -77,6 +77,7 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         QuantRecipe("int8", Backend.ONNX, 1.0, 0.9),
         QuantRecipe("int8-dyn", Backend.ONNX, 4.0, 0.7),
         QuantRecipe("int4", Backend.ONNX, 8.0, 0.6),
+        QuantRecipe("qdq-a16w8", Backend.QNN, 3.0, 0.8),
         QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
     )
 }

@@ -131,7 +131,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_QUANT = {"xnnpack": "fp32", "onnx": "fp32", "qnn": "qdq-u8"}
+DEFAULT_QUANT = {"xnnpack": "fp32", "onnx": "fp32", "qnn": "qdq-a16w8"}
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quantization",
         help="xnnpack: fp32|8da4w|8da8w; onnx: fp32|int8|int4|int8-dyn; "
-        "qnn: qdq-u8 (default: fp32, fp32, qdq-u8)",
+        "qnn: qdq-a16w8|qdq-u8 (default: fp32, fp32, qdq-a16w8)",
     )
     p.add_argument("--out", help="bundle folder (default bundles/<target>-<backend>)")
     p.add_argument("--model", help="target weights: HF folder or GGUF file (default: preset)")

@@ -35,17 +35,35 @@ def cache_dir() -> Path:
     return Path(cache_root())
 
 
-def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> VocabMapper:
-    """Build (or load from the cache) the mapper of a tokenizer pair; keyed by both byte tables."""
-    from omnidraft_deploy.vocab import io
+def unspellable_target_ids(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> list[int]:
+    """Target ids holding a byte the drafter has no single-byte token for.
 
+    SmolLM2's byte-level BPE has no token for bytes that never occur in valid UTF-8 (0xC0, 0xC1,
+    0xF5-0xFF) while Qwen2's has; Llama-2's byte fallback covers all 256, so its pairs have none.
+    """
+    d_special, t_special = drafter_tok.special_ids, target_tok.special_ids
+    singles = {
+        b for i, b in enumerate(_bytes_table(drafter_tok)) if len(b) == 1 and i not in d_special
+    }
+    return [t for t, b in enumerate(_bytes_table(target_tok))
+            if t not in t_special and any(bytes([c]) not in singles for c in b)]  # fmt: skip
+
+
+def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> VocabMapper:
+    """Build (or load from the cache) the mapper of a tokenizer pair; keyed by both byte tables.
+
+    Target tokens the drafter cannot spell (``unspellable_target_ids``) get an empty drafter
+    spelling, with a warning: if the target emits one, the drafter's context misses those bytes
+    (drafts may get worse), but verification still makes the output the target's own.
+    """
+    from omnidraft_deploy.vocab import io
+    from omnidraft_deploy.vocab.mapper import SpecialIds
+
+    blank = set(unspellable_target_ids(drafter_tok, target_tok))
+    d_table = _bytes_table(drafter_tok)
+    t_table = [b"" if t in blank else b for t, b in enumerate(_bytes_table(target_tok))]
     h = hashlib.sha256()
-    for tok in (drafter_tok, target_tok):
-        table = (
-            tok.token_bytes_table()
-            if hasattr(tok, "token_bytes_table")
-            else [tok.token_bytes(i) for i in range(tok.vocab_size)]
-        )
+    for tok, table in ((drafter_tok, d_table), (target_tok, t_table)):
         for b in table:
             h.update(len(b).to_bytes(2, "little") + b)
         h.update(repr((tok.bos_id, tok.eos_ids, sorted(tok.special_ids))).encode())
@@ -57,8 +75,20 @@ def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> Vocab
             return io.load(path)
         except io.VocabMapFormatError as e:
             log.warning("rebuilding mapper: %s", e)
+    if blank:
+        log.warning(
+            "%d %s tokens hold bytes %s cannot spell; they get an empty drafter spelling",
+            len(blank),
+            target_tok.name,
+            drafter_tok.name,
+        )
     t0 = time.perf_counter()
-    mapper = VocabMapper.from_tokenizers(drafter_tok, target_tok)
+    mapper = VocabMapper.from_byte_tables(
+        d_table,
+        t_table,
+        draft_special=SpecialIds.of(drafter_tok),
+        target_special=SpecialIds.of(target_tok),
+    )
     log.info(
         "built mapper %s -> %s in %.1f s",
         drafter_tok.name,
@@ -67,6 +97,11 @@ def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> Vocab
     )
     io.save(mapper, path)
     return mapper
+
+
+def _bytes_table(tok: TokenizerLike) -> list[bytes]:
+    table = getattr(tok, "token_bytes_table", None)
+    return list(table()) if callable(table) else [tok.token_bytes(i) for i in range(tok.vocab_size)]
 
 
 def load_model(

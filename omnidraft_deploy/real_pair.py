@@ -16,7 +16,6 @@ decoding core sees target ids only; tokenizers and transformers stay in ``hf_bas
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import statistics
 import time
@@ -28,7 +27,8 @@ import torch
 from tqdm import tqdm
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.pipeline import build_mapper
+from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     SpeculativeDecoder,
@@ -86,7 +86,7 @@ def load_real_pair(*, max_seq_len: int = 512, with_hf: bool = True) -> RealPair:
     target, _ = load_preset_weights(TARGET_PRESET, max_seq_len=max_seq_len)
     drafter, _ = load_preset_weights(DRAFTER_PRESET, max_seq_len=max_seq_len)
     target_tok, drafter_tok = load_tokenizer("qwen2"), load_tokenizer("smollm2")
-    pair = RealPair(EagerLM(target), EagerLM(drafter), build_real_mapper(drafter_tok, target_tok),
+    pair = RealPair(EagerLM(target), EagerLM(drafter), build_mapper(drafter_tok, target_tok),
                     target_tok)  # fmt: skip
     if with_hf:
         from omnidraft_deploy import hf_baseline as hb
@@ -98,52 +98,6 @@ def load_real_pair(*, max_seq_len: int = 512, with_hf: bool = True) -> RealPair:
         pair.hf_target_tok = hb.load_hf_tokenizer(TARGET_PRESET)
         pair.hf_drafter_tok = hb.load_hf_tokenizer(DRAFTER_PRESET)
     return pair
-
-
-def unspellable_target_ids(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> list[int]:
-    """Target ids whose bytes the drafter cannot spell (SmolLM2 has no token for some bytes)."""
-    d_special, t_special = drafter_tok.special_ids, target_tok.special_ids
-    singles = {b for i, b in enumerate(_table(drafter_tok)) if len(b) == 1 and i not in d_special}
-    return [t for t, b in enumerate(_table(target_tok))
-            if t not in t_special and any(bytes([c]) not in singles for c in b)]  # fmt: skip
-
-
-def build_real_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> VocabMapper:
-    """``VocabMapper`` for a drafter lacking some single-byte tokens (cached under the cache dir).
-
-    ``VocabMapper.from_tokenizers`` raises when a target token holds a byte the drafter cannot
-    spell: SmolLM2's BPE has no token for bytes that never occur in valid UTF-8 (0xC0, 0xC1,
-    0xF5-0xFF) while Qwen2 has. Those target tokens get an empty drafter spelling here: if the
-    target ever emits one, the drafter's context misses those bytes (drafts may get worse), but
-    greedy verification still makes the output the target's own.
-    """
-    from omnidraft_deploy.pipeline import cache_dir
-    from omnidraft_deploy.vocab import io
-    from omnidraft_deploy.vocab.mapper import SpecialIds
-
-    d_table, t_table = _table(drafter_tok), _table(target_tok)
-    blank = set(unspellable_target_ids(drafter_tok, target_tok))
-    t_fixed = [b"" if t in blank else b for t, b in enumerate(t_table)]
-    h = hashlib.sha256()
-    for b in (*d_table, *t_fixed):
-        h.update(len(b).to_bytes(2, "little") + b)
-    path = (
-        cache_dir()
-        / "mappers"
-        / f"{drafter_tok.name}--{target_tok.name}-bytesafe-{h.hexdigest()[:16]}.bin"
-    )
-    if path.is_file():
-        return io.load(path)
-    log.info("%d target tokens have no drafter spelling; building mapper", len(blank))
-    mapper = VocabMapper.from_byte_tables(d_table, t_fixed, draft_special=SpecialIds.of(drafter_tok),
-                                          target_special=SpecialIds.of(target_tok))  # fmt: skip
-    io.save(mapper, path)
-    return mapper
-
-
-def _table(tok: TokenizerLike) -> list[bytes]:
-    table = getattr(tok, "token_bytes_table", None)
-    return list(table()) if callable(table) else [tok.token_bytes(i) for i in range(tok.vocab_size)]
 
 
 def decode_config(pair: RealPair, max_new_tokens: int) -> DecodeConfig:

@@ -30,7 +30,7 @@ def smollm2(require_asset: Callable[[str], Path]) -> Transformer:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend", "quant", "suffix"),
-    [("onnx", "fp32", ".onnx"), ("qnn", "qdq-u8", ".onnx"), ("xnnpack", "fp32", ".pte")],
+    [("onnx", "fp32", ".onnx"), ("qnn", "qdq-a16w8", ".onnx"), ("xnnpack", "fp32", ".pte")],
 )
 def test_smollm2_exports_and_reloads_within_tolerance(
     smollm2: Transformer, tmp_path: Path, backend: str, quant: str, suffix: str

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from omnidraft_deploy import real_pair as rp
+from omnidraft_deploy.pipeline import build_mapper, unspellable_target_ids
 from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
 from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.testing import TableTokenizer
@@ -35,13 +36,13 @@ def test_plain_mapper_rejects_unspellable_bytes() -> None:
 def test_byte_safe_mapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMNIDRAFT_CACHE", str(tmp_path))
     drafter, target = _toy()
-    assert rp.unspellable_target_ids(drafter, target) == [5, 6]
-    mapper = rp.build_real_mapper(drafter, target)
+    assert unspellable_target_ids(drafter, target) == [5, 6]
+    mapper = build_mapper(drafter, target)
     assert mapper.target_to_draft(5) == [] and mapper.target_to_draft(6) == []
     assert mapper.target_to_draft(4) == [4]  # spellable tokens keep their drafter spelling
     assert [int(t) for t in mapper.draft_to_target] == [0, 1, 2, 3, 4]
-    assert list((tmp_path / "mappers").glob("t-drafter--t-target-bytesafe-*.bin"))
-    again = rp.build_real_mapper(drafter, target)  # from the cache file
+    assert list((tmp_path / "mappers").glob("t-drafter--t-target-*.bin"))
+    again = build_mapper(drafter, target)  # from the cache file
     assert again.target_to_draft(1) == [1] and again.target_to_draft(6) == []
 
 
@@ -79,7 +80,7 @@ def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair)
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     drafter_tok, target_tok = load_tokenizer("smollm2"), load_tokenizer("qwen2")
-    blank = set(rp.unspellable_target_ids(drafter_tok, target_tok))
+    blank = set(unspellable_target_ids(drafter_tok, target_tok))
     assert 0 < len(blank) < 64  # only tokens with bytes that never occur in valid UTF-8
     d_bytes, t_bytes = drafter_tok.token_bytes_table(), target_tok.token_bytes_table()
     m = real_pair.mapper

@@ -32,17 +32,19 @@ def _prompts(n: int = 6, length: int = 16) -> list[list[int]]:
     return [rng.integers(0, SPEC.vocab_size, length).tolist() for _ in range(n)]
 
 
-@pytest.fixture(scope="module")
-def qdq(tmp_path_factory: pytest.TempPathFactory) -> tuple[Transformer, Path, GraphInfo, dict]:
+@pytest.fixture(scope="module", params=["qdq-a16w8", "qdq-u8"])
+def qdq(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Transformer, Path, GraphInfo, dict]:
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.qnn import export_qnn
     from omnidraft_deploy.exporters.quantize import get_recipe
 
     model = build_model(SPEC, seed=5, init_std=0.2)
-    info = graph_info(model, SPEC, file="target.onnx", quantization="qdq-u8", seq_len=T)
+    info = graph_info(model, SPEC, file="target.onnx", quantization=request.param, seq_len=T)
     path = tmp_path_factory.mktemp("qnn") / "target.onnx"
     extras = export_qnn(
-        model, path, info=info, recipe=get_recipe("qnn", "qdq-u8"), prompts=_prompts()
+        model, path, info=info, recipe=get_recipe("qnn", request.param), prompts=_prompts()
     )
     return model, path, info, extras
 
@@ -75,8 +77,8 @@ def test_htp_parity_with_eager_within_recipe_tolerance(
     model, path, info, _ = qdq
     htp = qnn_model(path, info)
     parity = graph_parity(htp, model, _prompts(3, 7))
-    log.info("qdq-u8 HTP vs eager: %s", parity)
-    recipe = get_recipe("qnn", "qdq-u8")
+    log.info("%s HTP vs eager: %s", info.quantization, parity)
+    recipe = get_recipe("qnn", info.quantization)
     # uint8 activations on a random toy model: measured max |diff| 4.3 (logit range ~3.4), top-1
     # 64 % (6 % before the Reciprocal rewrite); only top-1 is held to the recipe here, |diff| gets
     # a loose bound that still catches a broken graph (the rsqrt failure gave top-1 < 10 %).

@@ -24,7 +24,7 @@ def _export(backend: str, out: Path) -> Path:
 
     from omnidraft_deploy.commands import export
 
-    quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-u8"}[backend]
+    quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-a16w8"}[backend]
     cfg = ExportConfig(
         target="tiny-llama3-8b",
         drafter="tiny-llama-68m",

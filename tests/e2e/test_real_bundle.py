@@ -1,0 +1,46 @@
+"""A real cross-vocabulary bundle through ONNX Runtime (slow): SmolLM2-135M drafter ->
+Qwen2.5-Coder-0.5B target, exported with the same code as ``omnidraft-export`` and validated with
+``omnidraft validate``: eager PyTorch == ONNX Runtime target-only == ONNX Runtime speculative,
+token for token, on the shipped prompts (math, code, chat, summarisation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_real_onnx_bundle_is_lossless_through_ort(
+    require_asset: Callable[[str], Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("onnxruntime")
+    require_asset("smollm2-135m-gguf")
+    require_asset("qwen2.5-0.5b-gguf")
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.runtime.validate import validate_bundle
+
+    from omnidraft_deploy.commands import export
+    from omnidraft_deploy.manifest import read_manifest
+    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    cfg = ExportConfig(
+        target="qwen2.5-0.5b",
+        drafter="smollm2-135m",
+        backend="onnx",
+        quantization="fp32",
+        out_dir=tmp_path / "bundle",
+        max_seq_len=128,
+        draft_len=4,
+    )
+    bundle = export(cfg)
+    manifest = read_manifest(bundle)
+    assert {g.preset for g in manifest.graphs.values()} == {"qwen2.5-0.5b", "smollm2-135m"}
+    tok = load_tokenizer(manifest.graphs["target"].tokenizer)
+    prompts = [(p.task, tok.encode(p.text)[:48]) for p in load_prompts()[::3]]
+    report = validate_bundle(bundle, prompts, max_new_tokens=16)
+    assert report["speculative_equal"] == report["prompts"] == len(prompts)
+    assert report["eager_equal"] == report["prompts"]
+    assert report["passed"]

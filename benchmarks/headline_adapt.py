@@ -170,6 +170,10 @@ def _teacher_forced_top1(
     return hits / max(total, 1)
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def _write(res: dict[str, Any], out: Path) -> None:
     from omnidraft_deploy.manifest import write_text_atomic
 
@@ -196,7 +200,7 @@ def _write(res: dict[str, Any], out: Path) -> None:
         r = res["eval"][k]
         rows.append(
             f"| {k} | {r['acceptance_rate']:.3f} | {r['tokens_per_target_call']:.2f} | "
-            f"{r.get('teacher_forced_top1', float('nan')):.3f} | "
+            f"{_fmt(r.get('teacher_forced_top1'))} | "
             f"{r['tokens_per_s']:.2f} | {r['speedup_vs_target']:.2f}x | "
             f"{r['identical_to_target_only']}/{res['n_eval']} |"
         )
@@ -332,6 +336,11 @@ def main(argv: list[str] | None = None) -> None:
         res["eval"][k]["teacher_forced_top1"] = _teacher_forced_top1(model, mapper, eval_p, outs)
     res["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     _write(res, Path(a.out_dir))
+
+
+def rewrite_report(out_dir: str = "reports") -> None:
+    """Re-render the Markdown / PNG of ``out_dir/headline_adapt.json`` (no model runs)."""
+    _write(json.loads((Path(out_dir) / "headline_adapt.json").read_text()), Path(out_dir))
 
 
 if __name__ == "__main__":

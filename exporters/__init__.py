@@ -13,6 +13,7 @@ imported (one import line at the bottom of this file). ``get_exporter`` fails lo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from omnidraft_deploy.exporters.quantize import QuantRecipe
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.presets import ModelSpec
 from omnidraft_deploy.reference.model import Transformer
+
+log = logging.getLogger(__name__)
 
 Exporter = Callable[..., tuple[GraphInfo, dict[str, Any]]]
 EXPORTERS: dict[str, Exporter] = {}
@@ -87,7 +90,7 @@ def export_onnx_graph(
     An fp32 drafter keeps one initializer per parameter (``swappable``), so weights trained on the
     device (``training_graph``) are swapped into it without re-export.
     """
-    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx
+    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
 
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
     swappable = role == "drafter" and recipe.name == "fp32"
@@ -99,11 +102,14 @@ def export_onnx_graph(
         bundle_hash=bundle_hash,
         swappable=swappable,
     )
+    extras: dict[str, Any] = {"weights_swappable": swappable}
+    if (why := ort_format_blocker(path)) is not None:  # e.g. fp32 0.5B+: quantise for mobile
+        log.warning("%s: skipping the .ort file: %s", path.name, why)
+        return info, extras | {"ort_mobile_file": None, "ort_mobile_skipped": why}
     ort_file = convert_to_ort(path)
-    return info, {
+    return info, extras | {
         "ort_mobile_file": ort_file.name,
         "ort_mobile_bytes": ort_file.stat().st_size,
-        "weights_swappable": swappable,
     }
 
 

@@ -112,8 +112,23 @@ def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:
         proto.metadata_props.add(key=k, value=v)
 
 
+ORT_FORMAT_LIMIT = _TWO_GB  # the .ort flatbuffer holds its weights inline and cannot exceed 2 GB
+
+
+def ort_format_blocker(onnx_path: Path) -> str | None:
+    """Why ``onnx_path`` cannot become a ``.ort`` file, or None (ORT's converter segfaults on
+    graphs with external weights past 2 GB, e.g. Qwen2.5-0.5B in fp32, instead of failing)."""
+    data = onnx_path.with_name(onnx_path.name + ".data")
+    size = onnx_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+    if size > ORT_FORMAT_LIMIT:
+        return f"{size / 2**30:.2f} GiB of graph and weights: the ORT format is limited to 2 GiB"
+    return None
+
+
 def convert_to_ort(onnx_path: Path) -> Path:
     """ORT mobile format next to the .onnx (``.ort``), for onnxruntime-mobile builds."""
+    if (why := ort_format_blocker(onnx_path)) is not None:
+        raise ValueError(f"{onnx_path.name}: no ORT format file: {why}")
     from onnxruntime.tools.convert_onnx_models_to_ort import (
         OptimizationStyle,
         convert_onnx_models_to_ort,

@@ -101,3 +101,17 @@ def test_verification_fails_loudly_for_a_different_model(exported) -> None:
     other = build_model(SPEC, seed=6, max_seq_len=32)  # same shapes, other weights
     with pytest.raises(ExportVerificationError, match=r"target.onnx: parity .* fp32"):
         verify_artifact(path, info, other, get_recipe("onnx", "fp32"), PROMPTS)
+
+
+def test_ort_format_is_refused_past_two_gib(tmp_path: Path) -> None:
+    """ORT's converter segfaults on >2 GiB graphs; we refuse before calling it (sparse files)."""
+    from omnidraft_deploy.exporters.onnx import convert_to_ort, ort_format_blocker
+
+    graph = tmp_path / "target.onnx"
+    graph.write_bytes(b"\0" * 1024)
+    assert ort_format_blocker(graph) is None
+    with (tmp_path / "target.onnx.data").open("wb") as f:
+        f.truncate(2**31 + 1)  # sparse: no disk used
+    assert "limited to 2 GiB" in (ort_format_blocker(graph) or "")
+    with pytest.raises(ValueError, match=r"target.onnx: no ORT format file"):
+        convert_to_ort(graph)

@@ -25,6 +25,7 @@ from omnidraft_deploy.exporters.exportable import (
 from omnidraft_deploy.exporters.quantize import QuantRecipe, quantize_eager
 
 from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.optional import require
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -40,12 +41,7 @@ CONSTANT_METHODS = (
 
 
 def require_executorch() -> None:
-    try:
-        import executorch  # noqa: F401
-    except ImportError as e:
-        raise ImportError(
-            "the xnnpack backend needs ExecuTorch: pip install 'omnidraft-deploy[executorch]'"
-        ) from e
+    require("executorch", extra="executorch", purpose="the xnnpack backend")
 
 
 def constant_methods(

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from omnidraft_deploy.optional import require
+
 log = logging.getLogger(__name__)
-_HF_EXTRA = "pip install omnidraft-deploy[hf]"
 
 # name -> (pinned GGUF asset, our tokenizer name)
 HF_MODELS: dict[str, tuple[str, str]] = {
@@ -45,11 +46,7 @@ class HFRun:
 
 
 def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError as e:
-        raise ImportError(f"transformers is needed for the HF baseline; run `{_HF_EXTRA}`") from e
-    return transformers
+    return require("transformers", extra="hf", purpose="the transformers baseline")
 
 
 def _lookup(name: str) -> tuple[str, str]:

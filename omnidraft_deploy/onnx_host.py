@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.optional import require
 
 
 class ExplicitCacheGraph:
@@ -62,13 +63,7 @@ class ExplicitCacheGraph:
 
 
 def require_onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as e:
-        raise ImportError(
-            "the onnx backend needs ONNX Runtime: pip install 'omnidraft-deploy[onnx]'"
-        ) from e
-    return onnxruntime
+    return require("onnxruntime", extra="onnx", purpose="the onnx backend")
 
 
 def cpu_session(path: Path) -> Any:

@@ -14,18 +14,14 @@ import torch
 from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy.manifest import BundleError, GraphInfo
+from omnidraft_deploy.optional import require
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version
 
 
 def require_executorch_runtime() -> Any:
-    try:
-        from executorch.runtime import Runtime
-    except ImportError as e:
-        raise ImportError(
-            "the xnnpack backend needs ExecuTorch: pip install 'omnidraft-deploy[executorch]'"
-        ) from e
-    return Runtime
+    runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
+    return runtime.Runtime
 
 
 def load_program(path: Path) -> Any:

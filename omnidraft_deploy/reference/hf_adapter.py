@@ -36,12 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnidraft_deploy import assets
+from omnidraft_deploy import assets, optional
 from omnidraft_deploy.presets import Family, get_preset
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, rope_tables
 
 log = logging.getLogger(__name__)
-_HF_EXTRA = "pip install omnidraft-deploy[hf]"
 _ARCH_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size")
 
 
@@ -60,12 +59,7 @@ class LoadedModel:
 
 
 def _require(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{module} is needed to load real weights; run `{_HF_EXTRA}`") from e
+    return optional.require(module, extra="hf", purpose="loading real weights")
 
 
 def args_from_config(

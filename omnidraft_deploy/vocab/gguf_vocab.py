@@ -20,18 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from omnidraft_deploy import optional
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-_EXTRA = "pip install omnidraft-deploy[tokenizers]"
 
 
 def require(module: str) -> Any:
     """Import an optional tokenizer dependency or raise an actionable ``ImportError``."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(f"{module} is needed to build real tokenizers; run `{_EXTRA}`") from e
+    return optional.require(module, extra="tokenizers", purpose="building real tokenizers")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> c
 prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
 uint8 per-channel weights; uint16 (``qdq-a16w8``, default) or uint8 (``qdq-u8``) activations in
 QDQ format, what the Hexagon HTP runs; real LLM activations have outlier channels that uint8
-cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``) ->
+cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``, and with ``qdq-a16w8`` the HTP
+simulator refuses its 576x49152 lm_head MatMul inside the full graph, though it takes the same
+MatMul alone: open, see reports/export_report_quant.md) ->
 serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
 operator the NPU cannot take fails here and is reported by name. On x86 ``onnxruntime-qnn``
 simulates the HTP. There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.

@@ -276,13 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="validate bundles: eager vs runtime vs speculative")
     p.add_argument("bundles", nargs="+")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--provider", default="cpu", choices=["cpu", "qnn"])
+    p.add_argument(
+        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
+    )
     p.set_defaults(handler=_cmd_validate)
     p = sub.add_parser("run", help="generate from a bundle with the reference runtime")
     p.add_argument("bundle")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--provider", default="cpu", choices=["cpu", "qnn"])
+    p.add_argument(
+        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
+    )
     p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
     p.set_defaults(handler=_cmd_run)
     return parser

@@ -33,6 +33,7 @@ class OpenBundle:
     target: RuntimeModel
     mapper: VocabMapper
     ngram_cache: NGramCache
+    provider: str = "cpu"
 
 
 def check_onnx_metadata(path: Path, info: GraphInfo) -> None:
@@ -84,7 +85,7 @@ def load_model(
     manifest = verify_bundle(root)
     if role not in manifest.graphs:
         raise KeyError(f"unknown role {role!r}; choose from {sorted(manifest.graphs)}")
-    chosen = provider or ("qnn" if manifest.backend == "qnn" else "cpu")
+    chosen = provider or default_provider(manifest)
     return load_graph(root, manifest, role, provider=chosen)
 
 
@@ -103,9 +104,16 @@ def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> Ru
     return OrtModel(path, info)
 
 
-def open_bundle(bundle_dir: str | Path, *, provider: str = "cpu") -> OpenBundle:
+def default_provider(manifest: Manifest) -> str:
+    """Where a bundle runs unless told otherwise: qnn bundles on the QNN HTP, others on the CPU."""
+    return "qnn" if manifest.backend == "qnn" else "cpu"
+
+
+def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
     root = Path(bundle_dir)
     manifest = verify_bundle(root)
+    provider = provider or default_provider(manifest)
     d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
     mapper = vocab_io.load(root / VOCAB_MAP)
     if mapper.content_hash() != manifest.mapping_hash:
@@ -130,4 +138,4 @@ def open_bundle(bundle_dir: str | Path, *, provider: str = "cpu") -> OpenBundle:
             check_onnx_metadata(root / info.file, info)
     drafter = load_graph_file(root / d_info.file, d_info, provider=provider)
     target = load_graph_file(root / t_info.file, t_info, provider=provider)
-    return OpenBundle(root, manifest, drafter, target, mapper, cache)
+    return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

@@ -81,7 +81,7 @@ def validate_bundle(
     prompts: list[tuple[str, list[int]]],
     *,
     max_new_tokens: int = 24,
-    provider: str = "cpu",
+    provider: str | None = None,
 ) -> dict[str, Any]:
     """Greedy equality: eager vs runtime target-only vs runtime speculative, per prompt."""
     bundle = open_bundle(bundle_dir, provider=provider)
@@ -108,7 +108,7 @@ def validate_bundle(
     return {
         "bundle": str(bundle_dir),
         "backend": bundle.manifest.backend,
-        "provider": provider,
+        "provider": bundle.provider,
         "quantization": bundle.manifest.graphs["target"].quantization,
         "prompts": len(rows),
         "eager_equal": sum(r["eager_eq_runtime"] for r in rows),
@@ -124,7 +124,7 @@ def run_bundle(
     *,
     max_new_tokens: int = 48,
     drafter_bos: int | None = None,
-    provider: str = "cpu",
+    provider: str | None = None,
     observer: Observer | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Speculative greedy generation from a bundle; the grown n-gram cache is saved atomically

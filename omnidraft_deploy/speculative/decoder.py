@@ -51,6 +51,20 @@ class DecodeConfig:
 
 
 def _limit(logits: Tensor, limit: int | None) -> Tensor:
+    """Check the target's logits and mask the rows past ``limit`` (padded vocabulary rows).
+
+    NaN / +inf logits, or a row with nothing but -inf, raise: an overflow in the model or a broken
+    graph would otherwise decode as token 0 in both the speculative and the target-only path, and
+    the two would still "agree".
+    """
+    rows = logits.reshape(-1, logits.shape[-1])
+    bad_rows = (torch.isnan(rows) | torch.isposinf(rows)).any(-1) | torch.isneginf(rows).all(-1)
+    if bool(bad_rows.any()):  # -inf alone is a legal mask; NaN, +inf or an all -inf row is not
+        raise FloatingPointError(
+            f"the target returned non-finite logits (NaN/inf) in rows "
+            f"{bad_rows.nonzero().flatten().tolist()[:8]} of this call: an overflow in the model "
+            "or a broken graph; refusing to decode from them"
+        )
     if limit is None or limit >= logits.shape[-1]:
         return logits
     return logits.masked_fill(torch.arange(logits.shape[-1]) >= limit, float("-inf"))

@@ -139,3 +139,30 @@ def test_caches_never_desynchronise(seed: int, p_accept: float, k: int, cache_ca
 
     out, _ = dec.generate(tt.encode("ab c"), observer=check)
     assert len(steps) >= 1 and sum(steps) >= len(out)
+
+
+class NaNAfter(CheckedLM):
+    """A target whose logits turn NaN from KV slot ``at`` on (an overflowing model)."""
+
+    def __init__(self, inner: EagerLM, at: int) -> None:
+        super().__init__(inner)
+        self.at = at
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        logits = super().forward(token_ids, start_pos).clone()
+        logits[max(0, self.at - start_pos) :] = float("nan")
+        return logits
+
+
+def test_non_finite_target_logits_raise_instead_of_decoding() -> None:
+    """NaN logits would argmax to token 0 in both paths, which would then "agree"."""
+    import pytest
+
+    _, tt, mapper, target, drafter = _pair()
+    ids, cfg = tt.encode("ab ca"), DecodeConfig(max_new_tokens=12)
+    with pytest.raises(FloatingPointError, match="non-finite logits"):
+        generate_target_only(NaNAfter(target, len(ids) + 3), ids, cfg)
+    with pytest.raises(FloatingPointError, match="non-finite logits"):
+        SpeculativeDecoder(
+            NaNAfter(target, len(ids) + 3), drafter, mapper, FixedDraftLen(3), config=cfg
+        ).generate(ids)

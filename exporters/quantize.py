@@ -28,6 +28,7 @@ import copy
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -190,6 +191,18 @@ def _swap(model: nn.Module, kind: type[nn.Module], make: object) -> None:
             _swap(child, kind, make)
 
 
+def _lm_head_node(model: Any) -> str | None:
+    """Name of the MatMul that produces the ``logits`` output (through reshapes), if any."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    name, seen = "logits", 0
+    while name in producer and seen < 8:
+        node = producer[name]
+        if node.op_type == "MatMul":
+            return str(node.name)
+        name, seen = node.input[0], seen + 1
+    return None
+
+
 def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
     """Apply an ONNX recipe to a written fp32 graph (src -> dst, weights inline: < 2 GB)."""
     if recipe.backend is not Backend.ONNX or recipe.name == "fp32":
@@ -215,13 +228,26 @@ def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
         # weight-only, blockwise along the input dimension (block = group_size), activations stay
-        # fp32: MatMulNBits. int4 is asymmetric (min/max per block), the layout of GGUF Q4_1, so a
-        # model that arrived as Q4_1 is re-quantised onto its own grid instead of a second one.
+        # fp32: MatMulNBits. int4 is asymmetric (min/max per block), the layout of GGUF Q4_1, and
+        # keeps an untied lm_head at 8 bits (a second pass). A tied lm_head reads the embedding
+        # through a Transpose, not a constant, so it stays fp32 in both recipes (SmolLM2-135M).
+        model = onnx.load(str(src))
+        head = _lm_head_node(model)
         quant = MatMulNBitsQuantizer(
-            onnx.load(str(src)),
+            model,
             bits=8 if recipe.name == "int8" else 4,
             block_size=recipe.group_size,
             is_symmetric=recipe.name == "int8",
+            nodes_to_exclude=[head] if recipe.name == "int4" and head else [],
         )
         quant.process()
+        if recipe.name == "int4" and head:
+            quant = MatMulNBitsQuantizer(
+                quant.model.model,
+                bits=8,
+                block_size=recipe.group_size,
+                is_symmetric=True,
+                nodes_to_include=[head],
+            )
+            quant.process()
         quant.model.save_model_to_file(str(dst), use_external_data_format=False)

@@ -115,3 +115,23 @@ def test_ort_format_is_refused_past_two_gib(tmp_path: Path) -> None:
     assert "limited to 2 GiB" in (ort_format_blocker(graph) or "")
     with pytest.raises(ValueError, match=r"target.onnx: no ORT format file"):
         convert_to_ort(graph)
+
+
+def test_int4_recipe_keeps_the_lm_head_at_8_bits(exported, tmp_path: Path) -> None:
+    import onnx
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.quantize import _lm_head_node
+
+    model, path, info = exported
+    head = _lm_head_node(onnx.load(str(path)))
+    assert head is not None
+    q, recipe = tmp_path / "q4.onnx", get_recipe("onnx", "int4")
+    export_onnx(model, q, info=dataclasses.replace(info, quantization="int4"), recipe=recipe)
+    bits = {
+        n.name: next(a.i for a in n.attribute if a.name == "bits")
+        for n in onnx.load(str(q)).graph.node
+        if n.op_type == "MatMulNBits"
+    }
+    assert bits.pop(f"{head}_Q8") == 8 and bits and set(bits.values()) == {4}
+    result = verify_artifact(q, info, model, recipe, PROMPTS)
+    assert 0 < result["max_abs_logit_diff"] < recipe.tolerance

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from omnidraft_deploy.onnx_host import QnnUnsupportedError
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer
 
@@ -30,7 +31,22 @@ def smollm2(require_asset: Callable[[str], Path]) -> Transformer:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend", "quant", "suffix"),
-    [("onnx", "fp32", ".onnx"), ("qnn", "qdq-a16w8", ".onnx"), ("xnnpack", "fp32", ".pte")],
+    [
+        ("onnx", "fp32", ".onnx"),
+        pytest.param(
+            "qnn",
+            "qdq-a16w8",
+            ".onnx",
+            marks=pytest.mark.xfail(
+                raises=QnnUnsupportedError,
+                strict=True,
+                reason="open: the HTP simulator refuses SmolLM2's 576x49152 lm_head MatMul with "
+                "uint16 activations inside the full graph (alone it compiles); qdq-u8 compiles "
+                "but keeps no top-1",
+            ),
+        ),
+        ("xnnpack", "fp32", ".pte"),
+    ],
 )
 def test_smollm2_exports_and_reloads_within_tolerance(
     smollm2: Transformer, tmp_path: Path, backend: str, quant: str, suffix: str

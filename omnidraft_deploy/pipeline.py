@@ -41,11 +41,20 @@ def unspellable_target_ids(drafter_tok: TokenizerLike, target_tok: TokenizerLike
     SmolLM2's byte-level BPE has no token for bytes that never occur in valid UTF-8 (0xC0, 0xC1,
     0xF5-0xFF) while Qwen2's has; Llama-2's byte fallback covers all 256, so its pairs have none.
     """
+    return _unspellable(
+        drafter_tok, _bytes_table(drafter_tok), target_tok, _bytes_table(target_tok)
+    )
+
+
+def _unspellable(
+    drafter_tok: TokenizerLike,
+    d_table: list[bytes],
+    target_tok: TokenizerLike,
+    t_table: list[bytes],
+) -> list[int]:
     d_special, t_special = drafter_tok.special_ids, target_tok.special_ids
-    singles = {
-        b for i, b in enumerate(_bytes_table(drafter_tok)) if len(b) == 1 and i not in d_special
-    }
-    return [t for t, b in enumerate(_bytes_table(target_tok))
+    singles = {b for i, b in enumerate(d_table) if len(b) == 1 and i not in d_special}
+    return [t for t, b in enumerate(t_table)
             if t not in t_special and any(bytes([c]) not in singles for c in b)]  # fmt: skip
 
 
@@ -54,14 +63,13 @@ def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> Vocab
 
     Target tokens the drafter cannot spell (``unspellable_target_ids``) get an empty drafter
     spelling, with a warning: if the target emits one, the drafter's context misses those bytes
-    (drafts may get worse), but verification still makes the output the target's own.
+    (drafts may get worse), but verification still makes the output the target's own. The key
+    covers both tables and special ids, which fix that set, so it is computed on a cache miss only.
     """
     from omnidraft_deploy.vocab import io
     from omnidraft_deploy.vocab.mapper import SpecialIds
 
-    blank = set(unspellable_target_ids(drafter_tok, target_tok))
-    d_table = _bytes_table(drafter_tok)
-    t_table = [b"" if t in blank else b for t, b in enumerate(_bytes_table(target_tok))]
+    d_table, t_table = _bytes_table(drafter_tok), _bytes_table(target_tok)
     h = hashlib.sha256()
     for tok, table in ((drafter_tok, d_table), (target_tok, t_table)):
         for b in table:
@@ -75,6 +83,7 @@ def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> Vocab
             return io.load(path)
         except io.VocabMapFormatError as e:
             log.warning("rebuilding mapper: %s", e)
+    blank = set(_unspellable(drafter_tok, d_table, target_tok, t_table))
     if blank:
         log.warning(
             "%d %s tokens hold bytes %s cannot spell; they get an empty drafter spelling",
@@ -82,6 +91,7 @@ def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> Vocab
             target_tok.name,
             drafter_tok.name,
         )
+        t_table = [b"" if t in blank else b for t, b in enumerate(t_table)]
     t0 = time.perf_counter()
     mapper = VocabMapper.from_byte_tables(
         d_table,

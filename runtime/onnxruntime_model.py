@@ -23,17 +23,5 @@ class OrtModel(RuntimeModel):
         super().__init__(path, info)
         self.graph = ExplicitCacheGraph(session or cpu_session(self.path), info)
 
-    @property
-    def session(self) -> Any:
-        return self.graph.session
-
-    @property
-    def caches(self) -> list[np.ndarray]:
-        return self.graph.caches
-
-    @caches.setter
-    def caches(self, value: list[np.ndarray]) -> None:
-        self.graph.caches = value
-
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
         return self.graph.run(token_ids, input_pos)

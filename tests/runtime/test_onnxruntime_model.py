@@ -69,9 +69,9 @@ def test_logits_match_eager_through_rollback(setup: Setup, graph: str) -> None:
 def test_static_graph_padding_never_writes_cache(setup: Setup) -> None:
     """A 1-token call on a T=3 graph pads 2 rows; their k/v must not land in the host cache."""
     model = setup[1]["static3"]
-    model.caches = [c * 0 for c in model.caches]
+    model.graph.caches = [c * 0 for c in model.graph.caches]
     model.forward(torch.tensor([5]), 4)
-    for cache in model.caches:
+    for cache in model.graph.caches:
         assert np.abs(cache[:, :, 4]).sum() > 0
         assert np.abs(cache[:, :, [0, 1, 2, 3, 5, 6]]).sum() == 0
 

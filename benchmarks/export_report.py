@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 from omnidraft_deploy.exporters import get_exporter
-from omnidraft_deploy.exporters.bundle import load_eager
 from omnidraft_deploy.exporters.memory import PeakRSS
 from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids
 
 from omnidraft_deploy.manifest import write_text_atomic
 from omnidraft_deploy.parity import eager_step, parity
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.presets import ModelSpec, get_preset
+from omnidraft_deploy.reference.load import load_model
 
 log = logging.getLogger("export_report")
 DEFAULT_CONFIGS = (
@@ -45,22 +45,22 @@ def _folder_bytes(folder: Path) -> dict[str, int]:
 
 
 def run_config(
-    model: Any, preset: str, backend: str, quant: str, prompts: list[list[int]]
+    model: Any, spec: ModelSpec, backend: str, quant: str, prompts: list[list[int]]
 ) -> dict[str, Any]:
     """Export + reload + parity of one (backend, quantization); errors are recorded, not raised."""
     recipe = get_recipe(backend, quant)
-    row: dict[str, Any] = {"model": preset, "backend": backend, "quantization": quant}
+    row: dict[str, Any] = {"model": spec.name, "backend": backend, "quantization": quant}
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         try:
             with PeakRSS() as rss:
                 info, facts = get_exporter(backend)(
-                    model, get_preset(preset), Path(tmp), role="target", recipe=recipe,
+                    model, spec, Path(tmp), role="target", recipe=recipe,
                     draft_len=4, eos_ids=(0,),
                 )  # fmt: skip
         except Exception as e:  # report the failure and go on with the next config
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-            log.exception("%s %s/%s failed", preset, backend, quant)
+            log.exception("%s %s/%s failed", spec.name, backend, quant)
             return row
         row |= {"export_s": round(time.perf_counter() - t0, 1), "export_peak_rss_mb": rss.peak_mb}
         row["files_bytes"] = _folder_bytes(Path(tmp))
@@ -132,17 +132,17 @@ def main() -> None:
         "prompts": 3,
     }
     for preset in args.models.split(","):
+        spec = get_preset(preset)
         with PeakRSS() as rss:
             t0 = time.perf_counter()
-            model = load_eager(preset, seed=0, max_seq_len=args.max_seq_len, weights=None)
+            model = load_model(spec, max_seq_len=args.max_seq_len)
         log.info(
             "%s loaded in %.1f s (peak RSS %.0f MB)", preset, time.perf_counter() - t0, rss.peak_mb
         )
-        spec = get_preset(preset)
         prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=3, limit=24)
         for cfg in args.configs.split(","):
             backend, quant = cfg.split(":")
-            rows.append(run_config(model, preset, backend, quant, prompts))
+            rows.append(run_config(model, spec, backend, quant, prompts))
             out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a crash
             write_text_atomic(
                 out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=2)

@@ -1,7 +1,9 @@
 """Bundle writer: drafter + target graphs, tokenizers, vocabulary map, n-gram cache, manifest.
 
-``export_bundle(cfg, ...)`` builds both models (tiny presets: random weights from ``cfg.seed``;
-real presets or ``*_model`` paths: ``reference.hf_adapter``, imported lazily), writes each graph
+``export_pair(cfg)`` is ``omnidraft-export``: it builds what the bundle carries beside the graphs
+(``PairFiles``: both tokenizers' files, the vocabulary map, the seeded n-gram cache) and calls
+``export_bundle``. ``export_bundle(cfg, ...)`` loads both models with ``reference.load`` (the one
+loader: random twins from ``cfg.seed``, trained, GGUF or HF weights, or the ``*_model`` paths), writes each graph
 with the backend's recipe from the ``EXPORTERS`` registry, verifies every written graph (reload +
 compare with eager PyTorch: ``exporters.verify``, or the caller's ``verify``; the figures go into
 ``GraphInfo.parity``), copies tokenizer files and the caller's extra files (``vocab_map.bin``,
@@ -21,9 +23,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.memory import PeakRSS
@@ -38,9 +40,17 @@ from omnidraft_deploy.manifest import (
     write_bytes_atomic,
     write_text_atomic,
 )
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.presets import ModelSpec, get_preset
+from omnidraft_deploy.protocols import TokenizerLike
+from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.vocab.mapper import VocabMapper
 
+if TYPE_CHECKING:
+    from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
+
+    Tokenizer = SentencePieceTokenizer | BPETokenizer
 log = logging.getLogger(__name__)
 # verify(written graph path, its GraphInfo, eager fp32 model) -> parity dict (raises on failure)
 Verify = Callable[[Path, GraphInfo, Transformer], dict[str, float]]
@@ -62,28 +72,17 @@ class ExportConfig:
     drafter_model: str | None = None  # same for the drafter
     seed: int = 0  # random init of tiny presets (target seed, drafter seed + 1); recorded
     verify: bool = True  # reload each graph and check parity with eager PyTorch before renaming
+    specs: dict[str, ModelSpec] = field(init=False, repr=False, compare=False)  # role -> preset
 
     def __post_init__(self) -> None:
-        get_preset(self.target), get_preset(self.drafter)  # KeyError listing valid presets
+        # the names are resolved here, once per command (KeyError listing valid presets)
+        specs = {"target": get_preset(self.target), "drafter": get_preset(self.drafter)}
+        object.__setattr__(self, "specs", specs)
         get_recipe(self.backend, self.quantization)  # KeyError listing valid names
         if not 8 <= self.max_seq_len <= 131072:
             raise ValueError(f"max_seq_len {self.max_seq_len} outside [8, 131072]")
         if not 1 <= self.draft_len <= 32 or self.draft_len + 1 > self.max_seq_len:
             raise ValueError(f"draft_len {self.draft_len} outside [1, min(32, max_seq_len - 1)]")
-
-
-def load_eager(preset: str, *, seed: int, max_seq_len: int, weights: str | None) -> Transformer:
-    """Eager fp32 model: tiny presets random-init, real ones via ``reference.hf_adapter``."""
-    from omnidraft_deploy.reference.model import build_model
-
-    spec = get_preset(preset)
-    if weights is None and spec.is_tiny:
-        return build_model(spec, seed=seed, max_seq_len=max_seq_len)
-    from omnidraft_deploy.reference.hf_adapter import load_model, load_preset_weights
-
-    if weights is not None:
-        return load_model(weights, max_seq_len=max_seq_len)[0]
-    return load_preset_weights(preset, max_seq_len=max_seq_len)[0]
 
 
 @contextmanager
@@ -113,19 +112,16 @@ def _export_role(
     cfg: ExportConfig, role: str, tmp: Path, *, verify: Verify | None, eos_ids: tuple[int, ...],
     bundle_hash: str, extras: dict[str, Any],
 ) -> GraphInfo:  # fmt: skip
-    preset = cfg.target if role == "target" else cfg.drafter
+    spec = cfg.specs[role]
     weights = cfg.target_model if role == "target" else cfg.drafter_model
     stages: dict[str, Any] = {}
     with stage(stages, "load"):
-        model = load_eager(
-            preset,
-            seed=cfg.seed + (role == "drafter"),
-            max_seq_len=cfg.max_seq_len,
-            weights=weights,
+        model = load_model(
+            spec, seed=cfg.seed + (role == "drafter"), max_seq_len=cfg.max_seq_len, weights=weights
         )
     with stage(stages, "export"):
         info, facts = get_exporter(cfg.backend)(
-            model, get_preset(preset), tmp, role=role,
+            model, spec, tmp, role=role,
             recipe=get_recipe(cfg.backend, cfg.quantization), draft_len=cfg.draft_len,
             eos_ids=eos_ids, bundle_hash=bundle_hash,
         )  # fmt: skip
@@ -196,3 +192,67 @@ def export_bundle(
         write_text_atomic(tmp / "manifest.json", manifest.to_json())
     log.info("bundle written to %s", cfg.out_dir)
     return Path(cfg.out_dir)
+
+
+@dataclass(frozen=True)
+class PairFiles:
+    """What a bundle carries beside its two graphs, built from the pair's tokenizers."""
+
+    drafter_tok: Tokenizer
+    target_tok: Tokenizer
+    mapper: VocabMapper
+    ngram_cache: NGramCache  # seeded from the shipped prompt set (``initial_ngram_cache``)
+
+    @classmethod
+    def build(cls, drafter: ModelSpec, target: ModelSpec) -> PairFiles:
+        from omnidraft_deploy.pipeline import build_mapper
+        from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+        d_tok, t_tok = load_tokenizer(drafter.tokenizer), load_tokenizer(target.tokenizer)
+        mapper = build_mapper(d_tok, t_tok)
+        return cls(d_tok, t_tok, mapper, initial_ngram_cache(mapper, t_tok))
+
+    def files(self) -> dict[str, tuple[bytes, str]]:
+        """Relative path -> (bytes, manifest role): ``export_bundle``'s ``extra_files``."""
+        from omnidraft_deploy.ngram.format import to_bytes as ngram_bytes
+        from omnidraft_deploy.vocab import io as vocab_io
+
+        m = self.mapper
+        files = {
+            "vocab_map.bin": (vocab_io.to_bytes(m), "vocab_map"),
+            "ngram_cache.bin": (
+                ngram_bytes(self.ngram_cache, draft_vocab_size=m.draft_vocab_size,
+                            target_vocab_size=m.target_vocab_size),
+                "ngram_cache",
+            ),
+        }  # fmt: skip
+        for role, tok in (("drafter", self.drafter_tok), ("target", self.target_tok)):
+            for name, data in tok.files().items():
+                files[f"{role}_tokenizer/{name}"] = (data, f"{role}_tokenizer")
+        return files
+
+
+def initial_ngram_cache(mapper: VocabMapper, target_tok: TokenizerLike) -> NGramCache:
+    """Seed the shipped cache with the prompt set's multi-drafter-token target tokens."""
+    from omnidraft_deploy.prompts import load_prompts
+
+    cache = NGramCache()
+    for p in load_prompts():
+        for t in target_tok.encode(p.text):
+            spelling = mapper.target_to_draft(t)
+            if len(spelling) >= 2:
+                cache.update(spelling, t)
+    return cache
+
+
+def export_pair(cfg: ExportConfig, *, verify: Verify | None = None) -> Path:
+    """``omnidraft-export``: tokenizers + mapper + n-gram cache + both graphs, verified, as one
+    bundle at ``cfg.out_dir`` (``verify`` as in ``export_bundle``)."""
+    pair = PairFiles.build(cfg.specs["drafter"], cfg.specs["target"])
+    return export_bundle(
+        cfg,
+        extra_files=pair.files(),
+        mapping_hash=pair.mapper.content_hash(),
+        eos_ids={"drafter": pair.drafter_tok.eos_ids, "target": pair.target_tok.eos_ids},
+        verify=verify,
+    )

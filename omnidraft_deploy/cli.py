@@ -13,7 +13,13 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role, list_presets
+from omnidraft_deploy.presets import (
+    DEFAULT_DRAFTER,
+    DEFAULT_TARGET,
+    Role,
+    get_preset,
+    list_presets,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 DEFAULT_PROMPT = (
@@ -26,7 +32,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         size = f"{spec.n_params() / 1e6:,.1f}M"
         print(
             f"{spec.name:18} {spec.role.value:8} {spec.family.value:6} tokenizer={spec.tokenizer:8}"
-            f" vocab={spec.vocab_size:<7} params={size:>10}  {spec.hf_id or spec.tiny_of or ''}"
+            f" vocab={spec.vocab_size:<7} params={size:>10}  {spec.weights_from}"
         )
     return 0
 
@@ -67,7 +73,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
     from omnidraft_deploy.speculative.draft_len import make_policy
 
-    pair = build_pair(args.target, args.drafter, seed=args.seed)
+    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
     cfg = _decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
     ids = pair.target_tok.encode(args.prompt)
     dec = SpeculativeDecoder(
@@ -102,7 +108,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         print(lossless_report(args.out).read_text())
         return 0
-    pair = build_pair(args.target, args.drafter, seed=args.seed)
+    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
     cfg = _decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
     prompts = [BenchPrompt(p.task, pair.target_tok.encode(p.text)) for p in load_prompts()]
     result = run_decode_bench(
@@ -137,8 +143,7 @@ DEFAULT_QUANT = {"xnnpack": "fp32", "onnx": "fp32", "qnn": "qdq-a16w8"}
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from omnidraft_deploy.commands import export
-    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
 
     cfg = ExportConfig(
         target=args.target,
@@ -153,7 +158,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         seed=args.seed,
         verify=not args.no_verify,
     )
-    path = export(cfg)
+    path = export_pair(cfg)
     print((path / "manifest.json").read_text())
     return 0
 

@@ -1,4 +1,5 @@
-"""Composition helpers shared by the CLI and benchmarks: presets -> models, tokenizers, mapper.
+"""Composition helpers shared by the CLI and benchmarks: a resolved preset pair -> models (through
+``reference.load``), tokenizers and the mapper.
 
 This is an edge module: it may touch tokenizers (lazily) because it sits between user text and the
 target-id-only decoding core.
@@ -12,9 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.presets import ModelSpec
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
-from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -114,46 +114,20 @@ def _bytes_table(tok: TokenizerLike) -> list[bytes]:
     return list(table()) if callable(table) else [tok.token_bytes(i) for i in range(tok.vocab_size)]
 
 
-def load_model(
-    preset: str, *, seed: int, max_seq_len: int | None = None, weights: str | None = None
-) -> Transformer:
-    """Eager Transformer for a preset: tiny presets random-init from ``seed``; others from
-    ``weights`` (HF folder / GGUF) or the preset's own source."""
-    from omnidraft_deploy.reference.model import build_model
-
-    spec = get_preset(preset)
-    if weights is None and spec.is_tiny:
-        return build_model(spec, seed=seed, max_seq_len=max_seq_len)
-    from omnidraft_deploy.reference.hf_adapter import load_model as load_weights
-    from omnidraft_deploy.reference.hf_adapter import load_preset_weights
-
-    if weights:
-        return load_weights(weights, max_seq_len=max_seq_len)[0]
-    return load_preset_weights(preset, max_seq_len=max_seq_len)[0]
-
-
-def load_lm(
-    preset: str, *, seed: int, max_seq_len: int | None = None, weights: str | None = None
-) -> CausalLM:
-    """``load_model`` behind the ``CausalLM`` protocol (eager reference runtime)."""
-    from omnidraft_deploy.reference.torch_lm import EagerLM
-
-    return EagerLM(load_model(preset, seed=seed, max_seq_len=max_seq_len, weights=weights))
-
-
 def build_pair(
-    target: str,
-    drafter: str,
+    target: ModelSpec,
+    drafter: ModelSpec,
     *,
     seed: int = 0,
     max_seq_len: int | None = None,
     target_weights: str | None = None,
     drafter_weights: str | None = None,
 ) -> Pair:
+    """Both eager models (``reference.load``, the one loader), both tokenizers and the mapper."""
+    from omnidraft_deploy.reference.load import load_lm
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
-    t_spec, d_spec = get_preset(target), get_preset(drafter)
-    target_tok, drafter_tok = load_tokenizer(t_spec.tokenizer), load_tokenizer(d_spec.tokenizer)
+    target_tok, drafter_tok = load_tokenizer(target.tokenizer), load_tokenizer(drafter.tokenizer)
     return Pair(
         target=load_lm(target, seed=seed, max_seq_len=max_seq_len, weights=target_weights),
         drafter=load_lm(drafter, seed=seed + 1, max_seq_len=max_seq_len, weights=drafter_weights),

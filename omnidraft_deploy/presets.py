@@ -1,9 +1,17 @@
-"""The one registry of model presets: real drafter/targets, their tiny offline twins, real small LMs.
+"""The one registry of model presets: real drafter/targets, their tiny offline twins, real small LMs
+and the small models this project trains itself.
 
-A preset is data: architecture dimensions, which tokenizer it speaks, where the real weights come
-from. ``tiny-*`` presets keep the family (Llama / Qwen2 block layout, GQA, qkv bias, tied
-embeddings) and the *real* tokenizer and vocabulary size, but use small random-initialised dims so
-everything runs offline on a CPU in seconds.
+A preset is data: architecture dimensions, which tokenizer it speaks, and ``source``, where its
+weights come from (``reference.load.load_model`` is the one loader that reads it):
+
+- ``random``: ``tiny-*`` twins keep the family (Llama / Qwen2 block layout, GQA, qkv bias, tied
+  embeddings) and the *real* tokenizer and vocabulary size, but use small random-initialised dims
+  so everything runs offline on a CPU in seconds (the fast tests);
+- ``hf``: a Hugging Face folder or hub id (``hf_id``; no hub is reachable here: pass a folder);
+- ``gguf``: a pinned GGUF asset, dequantised once, a safetensors copy cached;
+- ``pretrain``: ``trained-*`` models trained by ``distill.pretrain`` on the offline corpus
+  (``pretrain`` holds the schedule), cached keyed by config + data hash: the pairs whose
+  acceptance is meaningful without any download (the default demo pair).
 
 Lookup is loud: an unknown name raises ``KeyError`` listing every valid name.
 """
@@ -23,6 +31,28 @@ class Family(StrEnum):
 class Role(StrEnum):
     DRAFTER = "drafter"
     TARGET = "target"
+
+
+class Source(StrEnum):
+    RANDOM = "random"  # random init from a seed (tiny twins)
+    HF = "hf"  # Hugging Face folder / hub id (hf_id)
+    GGUF = "gguf"  # pinned GGUF asset (gguf_asset), dequantised, safetensors copy cached
+    PRETRAIN = "pretrain"  # trained by distill.pretrain on the offline corpus, cached
+
+
+@dataclass(frozen=True)
+class PretrainSchedule:
+    """How ``distill.pretrain`` trains a ``pretrain``-source preset (one torch thread, CPU)."""
+
+    steps: int = 1000
+    lr: float = 3e-3
+    warmup: int = 50
+    seq_len: int = 128  # packed training window (tokens)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.lr <= 0 or self.seq_len < 2 or self.warmup < 0:
+            raise ValueError(f"bad pretrain schedule {self}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +78,13 @@ class ModelSpec:
     )
     gguf_asset: str | None = None  # key in omnidraft_deploy.assets for a pinned offline GGUF
     tiny_of: str | None = None  # for tiny presets: the real preset this one mirrors
+    source: Source = Source.HF  # where the weights come from (module docstring)
+    pretrain: PretrainSchedule | None = None  # the schedule of a pretrain-source preset
 
     def __post_init__(self) -> None:
+        need = {Source.HF: self.hf_id, Source.GGUF: self.gguf_asset, Source.PRETRAIN: self.pretrain}
+        if self.source in need and need[self.source] is None:
+            raise ValueError(f"{self.name}: source {self.source.value} needs its field set")
         for field in (
             "vocab_size",
             "dim",
@@ -80,6 +115,13 @@ class ModelSpec:
     def is_tiny(self) -> bool:
         return self.tiny_of is not None
 
+    @property
+    def weights_from(self) -> str:
+        """Where the weights come from, in words (``omnidraft presets``)."""
+        where = {Source.RANDOM: f"random twin of {self.tiny_of}", Source.HF: self.hf_id,
+                 Source.GGUF: f"GGUF {self.gguf_asset}", Source.PRETRAIN: "distill.pretrain"}  # fmt: skip
+        return f"{self.source.value}: {where[self.source]}"
+
     def n_params(self) -> int:
         """Parameter count implied by the dimensions (embeddings included)."""
         kv = self.n_kv_heads * self.head_dim
@@ -104,6 +146,7 @@ def _tiny(spec: ModelSpec) -> ModelSpec:
         hf_id=None,
         gguf_asset=None,
         tiny_of=spec.name,
+        source=Source.RANDOM,
         **_TINY_DIMS,  # type: ignore[arg-type]
     )
 
@@ -221,6 +264,7 @@ _REAL_SMALL: tuple[ModelSpec, ...] = (
         max_seq_len=2048,
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         gguf_asset="smollm2-135m-gguf",
+        source=Source.GGUF,
     ),
     ModelSpec(
         "qwen2.5-0.5b",
@@ -239,11 +283,33 @@ _REAL_SMALL: tuple[ModelSpec, ...] = (
         max_seq_len=2048,
         hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
         gguf_asset="qwen2.5-0.5b-gguf",
+        source=Source.GGUF,
     ),
 )
 
+
+def _trained(name: str, role: Role, family: Family, tokenizer: str, vocab: int, *,
+             small: bool, rope: float, steps: int, seed: int) -> ModelSpec:  # fmt: skip
+    """A ``distill.pretrain`` model: drafter 2 x 128 (4.5M params), target 4 x 192 (GQA)."""
+    dims = (128, 2, 4, 4, 384) if small else (192, 4, 4, 2, 512)
+    return ModelSpec(name, role, family, tokenizer, vocab, *dims, rope_theta=rope,
+                     tie_embeddings=True, max_seq_len=1024, source=Source.PRETRAIN,
+                     pretrain=PretrainSchedule(steps=steps, seed=seed))  # fmt: skip
+
+
+# Trained here on the offline corpus (distill.data), one torch thread: drafter ~2.5 min, each
+# target 5000 steps ~15 min; cached under <cache>/pretrained keyed by config + data hash.
+_TRAINED: tuple[ModelSpec, ...] = (
+    _trained("trained-llama2-drafter", Role.DRAFTER, Family.LLAMA, "llama2", 32000,
+             small=True, rope=1e4, steps=2000, seed=0),
+    _trained("trained-llama3-target", Role.TARGET, Family.LLAMA, "llama3", 128256,
+             small=False, rope=5e5, steps=5000, seed=1),
+    _trained("trained-qwen2-target", Role.TARGET, Family.QWEN2, "qwen2", 152064,
+             small=False, rope=1e6, steps=5000, seed=2),
+)  # fmt: skip
+
 PRESETS: dict[str, ModelSpec] = {
-    s.name: s for s in (*_REAL, *_REAL_SMALL, *(_tiny(r) for r in _REAL))
+    s.name: s for s in (*_REAL, *_REAL_SMALL, *(_tiny(r) for r in _REAL), *_TRAINED)
 }
 
 DEFAULT_DRAFTER = "tiny-llama-68m"

@@ -79,12 +79,13 @@ class RealPair:
 
 def load_real_pair(*, max_seq_len: int = 512, with_hf: bool = True) -> RealPair:
     """Load the real pair from the cached GGUF assets (raises ``AssetError`` if not cached)."""
-    from omnidraft_deploy.reference.hf_adapter import load_preset_weights
+    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.reference.torch_lm import EagerLM
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
-    target, _ = load_preset_weights(TARGET_PRESET, max_seq_len=max_seq_len)
-    drafter, _ = load_preset_weights(DRAFTER_PRESET, max_seq_len=max_seq_len)
+    target = load_model(get_preset(TARGET_PRESET), max_seq_len=max_seq_len)
+    drafter = load_model(get_preset(DRAFTER_PRESET), max_seq_len=max_seq_len)
     target_tok, drafter_tok = load_tokenizer("qwen2"), load_tokenizer("smollm2")
     pair = RealPair(EagerLM(target), EagerLM(drafter), build_mapper(drafter_tok, target_tok),
                     target_tok)  # fmt: skip

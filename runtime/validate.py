@@ -17,8 +17,9 @@ from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 from omnidraft_deploy.manifest import write_bytes_atomic
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.parity import eager_step, parity
-from omnidraft_deploy.pipeline import load_model
+from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import (
@@ -48,7 +49,7 @@ def _eager_target(bundle: OpenBundle) -> EagerLM:
     info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
     return EagerLM(
         load_model(
-            info.preset,
+            get_preset(info.preset),
             seed=int(extras.get("seed", 0)),
             max_seq_len=info.max_seq_len,
             weights=extras.get("target_model"),

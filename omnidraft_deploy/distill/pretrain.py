@@ -33,7 +33,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, corpus_hash, split
-from omnidraft_deploy.presets import Family, ModelSpec, Role
+from omnidraft_deploy.presets import Family, ModelSpec, PretrainSchedule, Role, Source
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, build_model
 
 log = logging.getLogger(__name__)
@@ -75,63 +75,22 @@ class PretrainConfig:
             rope_theta=self.rope_theta,
             tie_embeddings=True,
             max_seq_len=1024,
+            source=Source.PRETRAIN,
+            pretrain=PretrainSchedule(self.steps, self.lr, self.warmup, self.seq_len, self.seed),
         )
 
 
-# Budgets (one torch thread, 2-core CPU): drafter 2000 x 128 tokens ~2 min, each target
-# 5000 x 128 tokens ~8-10 min. Use torch.set_num_threads(1) when other jobs share the CPU.
-def _target(
-    name: str,
-    family: Family,
-    tokenizer: str,
-    vocab: int,
-    rope: float,
-    seed: int,
-) -> PretrainConfig:
+def pretrain_config(spec: ModelSpec) -> PretrainConfig:
+    """The training config of a ``pretrain``-source preset (``presets``: one registry)."""
+    sched = spec.pretrain
+    if spec.source is not Source.PRETRAIN or sched is None:
+        raise ValueError(f"preset {spec.name!r} is not trained here (source {spec.source.value})")
     return PretrainConfig(
-        name,
-        Role.TARGET,
-        family,
-        tokenizer,
-        vocab,
-        dim=192,
-        n_layers=4,
-        n_heads=4,
-        n_kv_heads=2,
-        intermediate_size=512,
-        rope_theta=rope,
-        steps=5000,
-        seed=seed,
-    )
-
-
-PRETRAINED: dict[str, PretrainConfig] = {
-    c.name: c
-    for c in (
-        PretrainConfig(
-            "trained-llama2-drafter",
-            Role.DRAFTER,
-            Family.LLAMA,
-            "llama2",
-            32000,
-            dim=128,
-            n_layers=2,
-            intermediate_size=384,
-            steps=2000,
-        ),
-        _target("trained-llama3-target", Family.LLAMA, "llama3", 128256, 5e5, 1),
-        _target("trained-qwen2-target", Family.QWEN2, "qwen2", 152064, 1e6, 2),
-    )
-}
-
-
-def get_pretrain_config(name: str) -> PretrainConfig:
-    try:
-        return PRETRAINED[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown pretrained model {name!r}; choose from {sorted(PRETRAINED)}"
-        ) from None
+        spec.name, spec.role, spec.family, spec.tokenizer, spec.vocab_size, dim=spec.dim,
+        n_layers=spec.n_layers, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+        intermediate_size=spec.intermediate_size, rope_theta=spec.rope_theta,
+        seq_len=sched.seq_len, steps=sched.steps, lr=sched.lr, warmup=sched.warmup, seed=sched.seed,
+    )  # fmt: skip
 
 
 def tokenize_corpus(tok: object, corpus: dict[str, list[str]]) -> dict[str, list[int]]:
@@ -179,14 +138,19 @@ def train_compact(cfg: PretrainConfig, streams: dict[str, Tensor]) -> Transforme
 
 
 def expand_vocab(
-    compact: Transformer, used_ids: Tensor, cfg: PretrainConfig, counts: Tensor | None = None
+    compact: Transformer,
+    used_ids: Tensor,
+    cfg: PretrainConfig,
+    counts: Tensor | None = None,
+    max_seq_len: int = 1024,
 ) -> Transformer:
     """Full-vocabulary model from a compact one (see the module docstring for unused rows).
 
-    ``used_ids: (n,)`` full id of each compact id; ``counts: (n,)`` corpus frequency of each.
+    ``used_ids: (n,)`` full id of each compact id; ``counts: (n,)`` corpus frequency of each;
+    ``max_seq_len``: KV-cache slots of the returned model.
     """
     full = Transformer(
-        dataclasses.replace(compact.args, vocab_size=cfg.vocab_size, max_seq_len=1024)
+        dataclasses.replace(compact.args, vocab_size=cfg.vocab_size, max_seq_len=max_seq_len)
     )
     state = {
         k: v
@@ -223,15 +187,22 @@ def _compact_streams(streams: dict[str, list[int]]) -> tuple[dict[str, Tensor], 
 
 
 def load_pretrained(
-    name: str, *, cache_dir: Path | None = None, train_if_missing: bool = True
+    spec: ModelSpec,
+    *,
+    max_seq_len: int = 1024,
+    cache_dir: Path | None = None,
+    train_if_missing: bool = True,
 ) -> Transformer:
-    """The full-vocabulary model ``name`` (see ``PRETRAINED``), training and caching it if needed."""
+    """The full-vocabulary model of a ``pretrain``-source preset, training and caching it if needed.
+
+    Callers go through ``reference.load.load_model``, the one loader.
+    """
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
 
     from omnidraft_deploy.assets import cache_root  # noqa: PLC0415
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer  # noqa: PLC0415
 
-    cfg = get_pretrain_config(name)
+    cfg, name = pretrain_config(spec), spec.name
     train_docs, _ = split(build_corpus(cfg.data), cfg.data.heldout_frac)
     path = _cache_file(cfg, corpus_hash(train_docs), Path(cache_dir or cache_root()))
     if path.is_file():
@@ -239,7 +210,7 @@ def load_pretrained(
         used, counts = tensors.pop("__used_ids__"), tensors.pop("__counts__")
         compact = Transformer(ModelArgs.from_spec(cfg.spec(len(used)), cfg.seq_len + 1))
         compact.load_state_dict(tensors, strict=False)
-        return expand_vocab(compact.eval(), used, cfg, counts)
+        return expand_vocab(compact.eval(), used, cfg, counts, max_seq_len)
     if not train_if_missing:
         raise FileNotFoundError(f"{path}: no cached pre-trained {name}; call with train_if_missing")
     t0 = time.perf_counter()
@@ -259,7 +230,7 @@ def load_pretrained(
     tmp.replace(path)
     meta = {"config": repr(cfg), "n_used": len(used), "train_s": time.perf_counter() - t0}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    return expand_vocab(compact, used, cfg, counts)
+    return expand_vocab(compact, used, cfg, counts, max_seq_len)
 
 
 def cfg_tied(model: Transformer) -> bool:

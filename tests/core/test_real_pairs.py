@@ -12,6 +12,7 @@ import torch
 
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.pipeline import build_pair
+from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.prompts import load_prompts
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
@@ -27,7 +28,9 @@ EXTRA = ["1234567890 + 0.5 = ?", "   indented\n\tTabbed", "naïve café ünïcö
 
 @pytest.fixture(scope="module", params=TARGETS)
 def pair(request):
-    return build_pair(request.param, "tiny-llama-68m", seed=3, max_seq_len=256)
+    return build_pair(
+        get_preset(request.param), get_preset("tiny-llama-68m"), seed=3, max_seq_len=256
+    )
 
 
 def _cfg(pair, n: int) -> DecodeConfig:

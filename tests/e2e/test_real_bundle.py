@@ -18,10 +18,9 @@ def test_real_onnx_bundle_is_lossless_through_ort(
     pytest.importorskip("onnxruntime")
     require_asset("smollm2-135m-gguf")
     require_asset("qwen2.5-0.5b-gguf")
-    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
     from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.commands import export
     from omnidraft_deploy.manifest import read_manifest
     from omnidraft_deploy.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
@@ -35,7 +34,7 @@ def test_real_onnx_bundle_is_lossless_through_ort(
         max_seq_len=128,
         draft_len=4,
     )
-    bundle = export(cfg)
+    bundle = export_pair(cfg)
     manifest = read_manifest(bundle)
     assert {g.preset for g in manifest.graphs.values()} == {"qwen2.5-0.5b", "smollm2-135m"}
     tok = load_tokenizer(manifest.graphs["target"].tokenizer)

@@ -23,9 +23,9 @@ PRESET = "smollm2-135m"
 @pytest.fixture(scope="module")
 def smollm2(require_asset: Callable[[str], Path]) -> Transformer:
     require_asset("smollm2-135m-gguf")
-    from omnidraft_deploy.exporters.bundle import load_eager
+    from omnidraft_deploy.reference.load import load_model
 
-    return load_eager(PRESET, seed=0, max_seq_len=128, weights=None)
+    return load_model(get_preset(PRESET), max_seq_len=128)
 
 
 @pytest.mark.slow

@@ -20,9 +20,7 @@ BACKENDS = ["onnx", "xnnpack", "qnn"]
 
 
 def _export(backend: str, out: Path) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig
-
-    from omnidraft_deploy.commands import export
+    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
 
     quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-a16w8"}[backend]
     cfg = ExportConfig(
@@ -34,7 +32,7 @@ def _export(backend: str, out: Path) -> Path:
         max_seq_len=64,
         draft_len=3,
     )
-    return export(cfg)
+    return export_pair(cfg)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

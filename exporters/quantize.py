@@ -25,82 +25,18 @@ top-1 agreement against eager fp32 on the verification prompts; they go into the
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-
-class Backend(StrEnum):
-    XNNPACK = "xnnpack"
-    QNN = "qnn"
-    ONNX = "onnx"
-
-
-@dataclass(frozen=True)
-class QuantRecipe:
-    name: str
-    backend: Backend
-    tolerance: float  # max |logit diff| vs eager fp32 accepted by verification
-    min_top1: float  # minimum top-1 agreement with eager fp32
-    group_size: int = 32  # int4 weight group (xnnpack 8da4w) / block size (onnx int4)
-    linear: str = "none"  # none | 8da4w | 8da8w | int8w (xnnpack eager transform)
-    embedding_bits: int = 0  # 0: fp32 embedding table; 8: int8 per row (xnnpack)
-
-    def __post_init__(self) -> None:
-        if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:
-            raise ValueError(
-                f"recipe {self.name}: bad tolerance {self.tolerance} / {self.min_top1}"
-            )
-        if self.linear not in ("none", "8da4w", "8da8w", "int8w"):
-            raise ValueError(f"recipe {self.name}: unknown linear scheme {self.linear!r}")
-        if self.embedding_bits not in (0, 8):
-            raise ValueError(f"recipe {self.name}: embedding_bits {self.embedding_bits} not 0 or 8")
-
-
-def _x(name: str, tol: float, top1: float, linear: str, emb: int = 0) -> QuantRecipe:
-    return QuantRecipe(name, Backend.XNNPACK, tol, top1, linear=linear, embedding_bits=emb)
-
-
-RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
-    (r.backend, r.name): r
-    for r in (
-        _x("fp32", 1e-3, 1.0, "none"),
-        _x("8da4w", 8.0, 0.6, "8da4w"),
-        _x("8da4w-emb8", 8.0, 0.6, "8da4w", 8),
-        _x("8da8w", 3.0, 0.8, "8da8w"),
-        _x("int8w", 3.0, 0.8, "int8w"),
-        _x("int8w-emb8", 3.0, 0.8, "int8w", 8),
-        QuantRecipe("fp32", Backend.ONNX, 1e-3, 1.0),
-        QuantRecipe("int8", Backend.ONNX, 2.0, 0.9),  # SmolLM2-135M: 1.15 / 0.976
-        QuantRecipe("int8-dyn", Backend.ONNX, 4.0, 0.7),
-        QuantRecipe("int4", Backend.ONNX, 8.0, 0.6),
-        QuantRecipe("qdq-a16w8", Backend.QNN, 3.0, 0.8),
-        QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
-    )
-}
-
-
-def recipe_names(backend: str) -> list[str]:
-    """Valid quantization names of one backend (what ``--quantization`` accepts)."""
-    return sorted(n for b, n in RECIPES if b.value == backend)
-
-
-def get_recipe(backend: str, name: str) -> QuantRecipe:
-    """Recipe lookup; unknown backends or names raise KeyError listing the valid ones."""
-    if backend not in {b.value for b in Backend}:
-        raise KeyError(
-            f"unknown backend {backend!r}; choose from {sorted(b.value for b in Backend)}"
-        )
-    key = (Backend(backend), name)
-    if key not in RECIPES:
-        raise KeyError(
-            f"unknown quantization {name!r} for backend {backend}; choose from {recipe_names(backend)}"
-        )
-    return RECIPES[key]
+# The recipe table is data shared with the CLI and the manifest: ``omnidraft_deploy.backends``.
+from omnidraft_deploy.backends import RECIPES as RECIPES
+from omnidraft_deploy.backends import Backend as Backend
+from omnidraft_deploy.backends import QuantRecipe as QuantRecipe
+from omnidraft_deploy.backends import get_recipe as get_recipe
+from omnidraft_deploy.backends import recipe_names as recipe_names
 
 
 def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from omnidraft_deploy.backends import Backend, backend_names, get_backend, quantization_help
 from omnidraft_deploy.presets import (
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
@@ -83,7 +84,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         make_policy(args.policy, args.draft_len),
         NGramCache(),
         config=cfg,
-        drafter_bos=pair.drafter_tok.bos_id,
     )
     out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
     print(args.prompt + pair.target_tok.decode(out))
@@ -119,7 +119,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         prompts,
         cfg,
         ngram_cache=NGramCache(),
-        drafter_bos=pair.drafter_tok.bos_id,
         seed=args.seed,
     )
     meta = {
@@ -137,9 +136,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_QUANT = {"xnnpack": "fp32", "onnx": "fp32", "qnn": "qdq-a16w8"}
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -149,7 +145,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         target=args.target,
         drafter=args.drafter,
         backend=args.backend,
-        quantization=args.quantization or DEFAULT_QUANT[args.backend],
+        quantization=args.quantization or get_backend(args.backend).default_quantization,
         out_dir=Path(args.out or f"bundles/{args.target}-{args.backend}"),
         max_seq_len=args.max_seq_len,
         draft_len=args.draft_len,
@@ -202,17 +198,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     graphs = read_manifest(args.bundle).graphs
-    t_tok, d_tok = (
-        load_tokenizer(graphs["target"].tokenizer),
-        load_tokenizer(graphs["drafter"].tokenizer),
-    )
+    t_tok = load_tokenizer(graphs["target"].tokenizer)  # the drafter's BOS is in the map
     stream = TextStreamer(t_tok, sys.stdout, sys.stderr if args.step_stats else None)
     sys.stdout.write(args.prompt)
     _, stats = run_bundle(
         args.bundle,
         t_tok.encode(args.prompt),
         max_new_tokens=args.max_new_tokens,
-        drafter_bos=d_tok.bos_id,
         provider=args.provider,
         observer=stream,
     )
@@ -264,12 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a verified bundle (same as omnidraft-export)")
     p.add_argument("--target", default=DEFAULT_TARGET, help="target preset")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
-    p.add_argument("--backend", default="xnnpack", choices=["xnnpack", "qnn", "onnx"])
-    p.add_argument(
-        "--quantization",
-        help="xnnpack: fp32|8da4w|8da8w; onnx: fp32|int8|int4|int8-dyn; "
-        "qnn: qdq-a16w8|qdq-u8 (default: fp32, fp32, qdq-a16w8)",
-    )
+    p.add_argument("--backend", default=Backend.XNNPACK.value, choices=backend_names())
+    p.add_argument("--quantization", help=quantization_help())
     p.add_argument("--out", help="bundle folder (default bundles/<target>-<backend>)")
     p.add_argument("--model", help="target weights: HF folder or GGUF file (default: preset)")
     p.add_argument("--drafter-model", help="drafter weights: HF folder or GGUF file")

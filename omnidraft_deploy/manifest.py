@@ -3,17 +3,20 @@
 A bundle is a folder::
 
     manifest.json            this schema (JSON, UTF-8)
-    drafter.<ext>            drafter graph (.pte / .onnx / .ort), plus optional external data
+    drafter.<ext>            drafter graph (.pte for xnnpack, .onnx for onnx / qnn), plus
+                             optional external data (.onnx.data) and an ORT mobile file (.ort)
     target.<ext>             target graph
     drafter_tokenizer/...    tokenizer files of the drafter
     target_tokenizer/...     tokenizer files of the target
     vocab_map.bin            omnidraft_deploy.vocab.io format
     ngram_cache.bin          omnidraft_deploy.ngram.format format
 
-``manifest.json`` lists every file with its sha256 and size; readers verify all of them before any
-model runs (``verify_bundle``). Bundles are written into a temporary sibling folder and renamed
-into place as the last step (``atomic_bundle_dir``), so an interrupted export never leaves a folder
-that looks complete. Readers refuse a newer ``schema_version`` with a message naming the file.
+A bundle is a closed world: ``manifest.json`` lists every file a reader opens with its sha256 and
+size; readers verify them before any model runs (``verify_bundle``), refuse symlinks and never
+open anything outside the folder (``omnidraft_deploy.bundle_fs``). ``extras`` is informational:
+no reader acts on it. Bundles are staged in a sibling folder and swapped into place last
+(``atomic_bundle_dir``, ``omnidraft_deploy.atomic``): a kill at any instant leaves the previous
+bundle or the new one at the final path, never neither and never a partial one.
 
 Schema (version 1)::
 
@@ -21,7 +24,7 @@ Schema (version 1)::
      "created_by": "omnidraft-deploy 0.1.0", "draft_len": 4, "mapping_hash": "<sha256 hex>",
      "graphs": {"drafter": GraphInfo, "target": GraphInfo},
      "files": {"<relative path>": {"sha256": "<hex>", "size": <int>, "role": "<role>"}},
-     "extras": {...free-form, e.g. export timings and peak RSS...}}
+     "extras": {...free-form, informational only, e.g. export timings and peak RSS...}}
 
     GraphInfo = {"file": "drafter.pte", "preset": "tiny-llama-68m", "family": "llama",
                  "tokenizer": "llama2", "vocab_size": 32000, "max_seq_len": 512,
@@ -29,26 +32,45 @@ Schema (version 1)::
                  "head_dim": 16, "quantization": "fp32|8da4w|int8w|qdq-u8|int8|int4",
                  "parity": {"max_abs_logit_diff": <float>, "tolerance": <float>,
                             "top1_agreement": <float>, "prompts": <int>}}
+
+Validation (``validate()`` of each section, run on construction and so before anything is
+allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
+keys, at most ``MAX_MANIFEST_BYTES`` and ``MAX_JSON_DEPTH`` levels; ``file`` is ``<role>.pte`` for
+xnnpack and ``<role>.onnx`` otherwise; ``preset`` is a known preset whose family and tokenizer
+match; ``quantization`` is a recipe of the backend; qnn graphs are static (``seq_len`` ==
+``draft_len + 1``), others dynamic; the KV cache a graph implies stays under ``MAX_KV_BYTES``.
+Every failure is a ``BundleError`` naming the file and the field.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
-import shutil
-import tempfile
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omnidraft_deploy.atomic import staged_dir, write_bytes_atomic, write_text_atomic
+from omnidraft_deploy.backends import backend_names, recipe_names
+
 SCHEMA_VERSION = 1
 FORMAT_NAME = "omnidraft-bundle"
 MANIFEST_NAME = "manifest.json"
-BACKENDS = ("xnnpack", "qnn", "onnx")
+BACKENDS = tuple(backend_names())  # omnidraft_deploy.backends: the one list
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_JSON_DEPTH = 16
+MAX_FILES = 4096
+MAX_FILE_BYTES = 1 << 40
+MAX_KV_BYTES = 64 << 30  # fp32 K + V of one graph at max_seq_len
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_REL_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+__all__ = ["write_bytes_atomic", "write_text_atomic"]  # re-exported: the writers' one import
 
 
 class BundleError(ValueError):
@@ -58,6 +80,32 @@ class BundleError(ValueError):
         super().__init__(f"{path}: {problem}")
         self.path = str(path)
         self.problem = problem
+
+
+def _int(where: str, value: object, lo: int, hi: int) -> int:
+    if type(value) is not int:
+        raise ValueError(
+            f"field {where}: expected an integer, got {type(value).__name__} {value!r}"
+        )
+    if not lo <= value <= hi:
+        raise ValueError(f"field {where}: {value} outside [{lo}, {hi}]")
+    return value
+
+
+def _str(where: str, value: object, choices: list[str] | None = None) -> str:
+    if type(value) is not str or not value or len(value) > 256:
+        raise ValueError(f"field {where}: expected a non-empty string, got {value!r:.80}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"field {where}: {value!r} not one of {choices}")
+    return value
+
+
+def check_relpath(where: str, rel: object) -> str:
+    """A plain relative path inside the bundle: no '..', no absolute path, no odd characters."""
+    parts = _str(where, rel).split("/")
+    if len(parts) > 4 or not all(_REL_PART.fullmatch(p) for p in parts) or ".." in parts:
+        raise ValueError(f"field {where}: {rel!r} is not a plain relative path inside the bundle")
+    return str(rel)
 
 
 @dataclass(frozen=True)
@@ -75,12 +123,55 @@ class GraphInfo:
     quantization: str
     parity: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.validate("graph")
+
+    def validate(self, where: str) -> None:
+        """Types and ranges of this section alone; ``Manifest.validate`` does the cross-checks."""
+        from omnidraft_deploy.presets import get_preset
+
+        check_relpath(f"{where}.file", self.file)
+        try:
+            spec = get_preset(_str(f"{where}.preset", self.preset))
+        except KeyError:
+            raise ValueError(f"field {where}.preset: unknown preset {self.preset!r}") from None
+        _str(f"{where}.family", self.family, [spec.family.value])
+        _str(f"{where}.tokenizer", self.tokenizer, [spec.tokenizer])
+        _int(f"{where}.vocab_size", self.vocab_size, 1, 1 << 24)
+        _int(f"{where}.max_seq_len", self.max_seq_len, 8, 131072)
+        if self.seq_len is not None:
+            _int(f"{where}.seq_len", self.seq_len, 1, self.max_seq_len)
+        _int(f"{where}.n_layers", self.n_layers, 1, 1024)
+        _int(f"{where}.n_kv_heads", self.n_kv_heads, 1, 1024)
+        _int(f"{where}.head_dim", self.head_dim, 1, 4096)
+        _str(f"{where}.quantization", self.quantization)
+        kv = 2 * 4 * self.n_layers * self.n_kv_heads * self.head_dim * self.max_seq_len
+        if kv > MAX_KV_BYTES:
+            raise ValueError(f"field {where}: a {kv / 2**30:.0f} GiB KV cache is implausible")
+        if type(self.parity) is not dict or len(self.parity) > 16:
+            raise ValueError(f"field {where}.parity: expected a small object")
+        for key, value in self.parity.items():
+            ok = type(value) in (int, float) and math.isfinite(value) and value >= 0
+            if not (_REL_PART.fullmatch(str(key)) and ok):
+                raise ValueError(
+                    f"field {where}.parity.{key}: {value!r} is not a finite number >= 0"
+                )
+
 
 @dataclass(frozen=True)
 class FileEntry:
     sha256: str
     size: int
     role: str
+
+    def __post_init__(self) -> None:
+        self.validate("file")
+
+    def validate(self, where: str) -> None:
+        if type(self.sha256) is not str or not _HEX64.fullmatch(self.sha256):
+            raise ValueError(f"field {where}.sha256: {self.sha256!r:.80} is not 64 lowercase hex")
+        _int(f"{where}.size", self.size, 0, MAX_FILE_BYTES)
+        _str(f"{where}.role", self.role)
 
 
 @dataclass(frozen=True)
@@ -96,37 +187,154 @@ class Manifest:
     format: str = FORMAT_NAME
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} not one of {BACKENDS}")
-        if set(self.graphs) != {"drafter", "target"}:
-            raise ValueError(f"graphs must be drafter and target, got {sorted(self.graphs)}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Every field's type and range, then the cross-checks between sections."""
+        _str("format", self.format, [FORMAT_NAME])
+        _int("schema_version", self.schema_version, 1, SCHEMA_VERSION)
+        backend = _str("backend", self.backend, list(BACKENDS))
+        _str("created_by", self.created_by)
+        _int("draft_len", self.draft_len, 1, 32)
+        if type(self.mapping_hash) is not str or not _HEX64.fullmatch(self.mapping_hash):
+            raise ValueError(
+                f"field mapping_hash: {self.mapping_hash!r:.80} is not 64 lowercase hex"
+            )
+        if type(self.extras) is not dict:
+            raise ValueError(f"field extras: expected an object, got {type(self.extras).__name__}")
+        if type(self.files) is not dict or len(self.files) > MAX_FILES:
+            raise ValueError(f"field files: expected an object of at most {MAX_FILES} entries")
+        for rel, entry in self.files.items():
+            check_relpath(f"files[{rel!r:.80}]", rel)
+            if rel == MANIFEST_NAME or type(entry) is not FileEntry:
+                raise ValueError(f"field files[{rel!r}]: not a file entry")
+        if type(self.graphs) is not dict or set(self.graphs) != {"drafter", "target"}:
+            raise ValueError("field graphs: must hold exactly 'drafter' and 'target'")
+        ext = ".pte" if backend == "xnnpack" else ".onnx"
+        for role, g in self.graphs.items():
+            self._check_graph(role, g, ext)
+
+    def _check_graph(self, role: str, g: GraphInfo, ext: str) -> None:
+        where = f"graphs.{role}"
+        if type(g) is not GraphInfo:
+            raise ValueError(f"field {where}: not a graph description")
+        if g.file != f"{role}{ext}":
+            raise ValueError(
+                f"field {where}.file: {g.file!r}, a {self.backend} bundle has {role}{ext}"
+            )
+        entry = self.files.get(g.file)
+        if entry is None or entry.role != f"{role}_graph":
+            raise ValueError(
+                f"field {where}.file: {g.file!r} is not listed as {role}_graph in files"
+            )
+        _str(f"{where}.quantization", g.quantization, recipe_names(self.backend))
+        static = self.backend == "qnn"
+        if static and g.seq_len != self.draft_len + 1:
+            raise ValueError(f"field {where}.seq_len: {g.seq_len}, qnn graphs take draft_len + 1")
+        if not static and g.seq_len is not None:
+            raise ValueError(
+                f"field {where}.seq_len: {g.seq_len}, {self.backend} graphs are dynamic"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, *, source: str | os.PathLike[str] = MANIFEST_NAME) -> Manifest:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise BundleError(source, f"not valid JSON ({e})") from None
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raw = _parse(text, source)
+        version = raw.get("schema_version")
+        if type(version) is int and version > SCHEMA_VERSION:
+            raise BundleError(
+                source,
+                f"schema_version {version} is newer than this reader ({SCHEMA_VERSION}); "
+                "upgrade omnidraft-deploy",
+            )
+        if raw.get("format") != FORMAT_NAME:
             raise BundleError(
                 source, f"not an omnidraft bundle manifest (format != {FORMAT_NAME!r})"
             )
-        version = raw.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise BundleError(
-                source,
-                f"schema_version {version!r} is newer than this reader ({SCHEMA_VERSION}); "
-                "upgrade omnidraft-deploy",
-            )
         try:
-            graphs = {k: GraphInfo(**v) for k, v in raw.pop("graphs").items()}
-            files = {k: FileEntry(**v) for k, v in raw.pop("files").items()}
+            graphs = {
+                k: _section(GraphInfo, f"graphs.{k}", v)
+                for k, v in _obj("graphs", raw.pop("graphs", None)).items()
+            }
+            files = {
+                k: _section(FileEntry, f"files[{k!r:.80}]", v)
+                for k, v in _obj("files", raw.pop("files", None)).items()
+            }
+            unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"unknown fields {sorted(unknown)[:5]}")
             return cls(graphs=graphs, files=files, **raw)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise BundleError(source, f"malformed manifest ({e})") from None
+        except (TypeError, ValueError) as e:
+            raise BundleError(source, str(e)) from None
+
+
+def _obj(where: str, value: object) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise ValueError(f"field {where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _section(cls: Any, where: str, value: object) -> Any:
+    names = [f.name for f in dataclasses.fields(cls)]
+    got = _obj(where, value)
+    if set(got) - set(names) or set(names) - set(got) - {"parity"}:
+        raise ValueError(f"field {where}: keys {sorted(got)} != {sorted(names)}")
+    try:
+        return cls(**got)
+    except ValueError as e:  # the section's validate() names "graph"/"file": name the real place
+        raise ValueError(
+            str(e)
+            .replace("field graph", f"field {where}", 1)
+            .replace("field file", f"field {where}", 1)
+        ) from None
+
+
+def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise BundleError(source, f"{len(text)} characters, more than {MAX_MANIFEST_BYTES}")
+
+    def no_constants(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            raise ValueError("duplicate keys in one object")
+        return out
+
+    if _depth(text) > MAX_JSON_DEPTH:
+        raise BundleError(source, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        raw = json.loads(text, parse_constant=no_constants, object_pairs_hook=no_duplicates)
+    except (ValueError, RecursionError) as e:
+        raise BundleError(source, f"not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise BundleError(source, "not an omnidraft bundle manifest (not a JSON object)")
+    return raw
+
+
+def _depth(text: str) -> int:
+    """Deepest bracket nesting outside strings (checked before ``json.loads`` recurses)."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -143,73 +351,52 @@ def file_entry(bundle_dir: Path, rel: str, role: str) -> FileEntry:
 
 
 def read_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    path = Path(bundle_dir) / MANIFEST_NAME
-    if not path.is_file():
+    """Parse and validate ``manifest.json`` (no symlink, at most ``MAX_MANIFEST_BYTES``).
+
+    A bundle whose swap was killed between its two renames is restored first (``recover_dir``).
+    """
+    from omnidraft_deploy.atomic import recover_dir
+    from omnidraft_deploy.bundle_fs import read_plain
+
+    root = Path(bundle_dir)
+    recover_dir(root, marker=MANIFEST_NAME)
+    path = root / MANIFEST_NAME
+    if not os.path.lexists(path):
         raise BundleError(path, "missing: not an exported bundle (or the export did not finish)")
-    return Manifest.from_json(path.read_text(encoding="utf-8"), source=path)
+    data = read_plain(root, MANIFEST_NAME, max_bytes=MAX_MANIFEST_BYTES)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError(path, f"not UTF-8 ({e.reason} at byte {e.start})") from None
+    return Manifest.from_json(text, source=path)
 
 
 def verify_bundle(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    """Read the manifest and check every listed file's presence, size and sha256."""
+    """Read the manifest, refuse symlinks anywhere in the folder, check every listed file's size
+    and sha256 (``bundle_fs``)."""
+    from omnidraft_deploy.bundle_fs import refuse_symlinks, verify_listed
+
     root = Path(bundle_dir)
     manifest = read_manifest(root)
+    refuse_symlinks(root)
     for rel, entry in manifest.files.items():
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise BundleError(root / MANIFEST_NAME, f"file path {rel!r} leaves the bundle folder")
-        p = root / rel
-        if not p.is_file():
-            raise BundleError(p, f"missing (listed in {MANIFEST_NAME} as {entry.role})")
-        size = p.stat().st_size
-        if size != entry.size:
-            raise BundleError(p, f"size {size} B != {entry.size} B in manifest (truncated?)")
-        if sha256_file(p) != entry.sha256:
-            raise BundleError(p, "sha256 mismatch with manifest (corrupted or replaced)")
-    for role, g in manifest.graphs.items():
-        if g.file not in manifest.files:
-            raise BundleError(root / MANIFEST_NAME, f"{role} graph {g.file!r} not in files")
+        verify_listed(root, rel, entry)
     return manifest
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+@contextmanager
+def atomic_bundle_dir(
+    final_dir: str | os.PathLike[str], *, exchange: bool = True
+) -> Iterator[Path]:
+    """Yield a staging folder beside ``final_dir``; once the body has written ``manifest.json``
+    it replaces ``final_dir`` whole (``atomic.staged_dir``: leftovers of killed exports are
+    deleted first, the swap never leaves ``final_dir`` missing)."""
     try:
-        os.fchmod(fd, 0o644)  # mkstemp creates 0600; artifacts are meant to be shared
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        with staged_dir(final_dir, marker=MANIFEST_NAME, exchange=exchange) as tmp:
+            yield tmp
+    except FileNotFoundError as e:
+        if MANIFEST_NAME in str(e):
+            raise BundleError(
+                final_dir, f"export finished without writing {MANIFEST_NAME}"
+            ) from None
         raise
-
-
-@contextlib.contextmanager
-def atomic_bundle_dir(final_dir: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp folder beside ``final_dir``; on success it replaces ``final_dir`` whole."""
-    final = Path(final_dir)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
-    try:
-        yield tmp
-        tmp.chmod(0o755)
-        if not (tmp / MANIFEST_NAME).is_file():
-            raise BundleError(tmp, f"export finished without writing {MANIFEST_NAME}")
-        if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,122 @@
+"""Export backends and their quantization recipes, as data: the one list.
+
+The CLI derives ``--backend`` choices, each backend's default ``--quantization`` and the help text
+from ``BACKENDS`` and ``RECIPES``; the manifest checks a bundle's backend against ``Backend``; the
+exporters look recipes up here (``exporters.quantize`` applies them). Pure data: no torch import,
+so ``omnidraft --help`` stays fast. The exporter function of a backend registers itself with
+``exporters.register`` in its recipe module, ``BackendInfo.module``.
+
+Tolerances bound the max |logit difference| and the top-1 agreement against eager fp32 on the
+verification prompts; they go into the manifest. What each recipe does: ``exporters.quantize``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Backend(StrEnum):
+    XNNPACK = "xnnpack"
+    QNN = "qnn"
+    ONNX = "onnx"
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    name: str
+    backend: Backend
+    tolerance: float  # max |logit diff| vs eager fp32 accepted by verification
+    min_top1: float  # minimum top-1 agreement with eager fp32
+    group_size: int = 32  # int4 weight group (xnnpack 8da4w) / block size (onnx int4)
+    linear: str = "none"  # none | 8da4w | 8da8w | int8w (xnnpack eager transform)
+    embedding_bits: int = 0  # 0: fp32 embedding table; 8: int8 per row (xnnpack)
+
+    def __post_init__(self) -> None:
+        if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:
+            raise ValueError(
+                f"recipe {self.name}: bad tolerance {self.tolerance} / {self.min_top1}"
+            )
+        if self.linear not in ("none", "8da4w", "8da8w", "int8w"):
+            raise ValueError(f"recipe {self.name}: unknown linear scheme {self.linear!r}")
+        if self.embedding_bits not in (0, 8):
+            raise ValueError(f"recipe {self.name}: embedding_bits {self.embedding_bits} not 0 or 8")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    backend: Backend
+    graph: str  # what the backend writes, in words (help text)
+    default_quantization: str
+    module: str  # recipe module whose ``@register`` adds the exporter (imported on first use)
+
+
+BACKENDS: dict[Backend, BackendInfo] = {
+    b.backend: b
+    for b in (
+        BackendInfo(Backend.XNNPACK, "ExecuTorch .pte, XNNPACK", "fp32",
+                    "omnidraft_deploy.exporters.executorch_xnnpack"),
+        BackendInfo(Backend.QNN, "static-T QDQ ONNX for the QNN HTP", "qdq-a16w8",
+                    "omnidraft_deploy.exporters.qnn"),
+        BackendInfo(Backend.ONNX, "ONNX + ORT mobile .ort", "fp32",
+                    "omnidraft_deploy.exporters.onnx"),
+    )
+}  # fmt: skip
+
+
+def _x(name: str, tol: float, top1: float, linear: str, emb: int = 0) -> QuantRecipe:
+    return QuantRecipe(name, Backend.XNNPACK, tol, top1, linear=linear, embedding_bits=emb)
+
+
+RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
+    (r.backend, r.name): r
+    for r in (
+        _x("fp32", 1e-3, 1.0, "none"),
+        _x("8da4w", 8.0, 0.6, "8da4w"),
+        _x("8da4w-emb8", 8.0, 0.6, "8da4w", 8),
+        _x("8da8w", 3.0, 0.8, "8da8w"),
+        _x("int8w", 3.0, 0.8, "int8w"),
+        _x("int8w-emb8", 3.0, 0.8, "int8w", 8),
+        QuantRecipe("fp32", Backend.ONNX, 1e-3, 1.0),
+        QuantRecipe("int8", Backend.ONNX, 2.0, 0.9),  # SmolLM2-135M: 1.15 / 0.976
+        QuantRecipe("int8-dyn", Backend.ONNX, 4.0, 0.7),
+        QuantRecipe("int4", Backend.ONNX, 8.0, 0.6),
+        QuantRecipe("qdq-a16w8", Backend.QNN, 3.0, 0.8),
+        QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
+    )
+}
+
+
+def get_backend(name: str) -> BackendInfo:
+    """The backend called ``name``; unknown names raise ``KeyError`` listing the valid ones."""
+    if name not in {b.value for b in Backend}:
+        raise KeyError(f"unknown backend {name!r}; choose from {backend_names()}")
+    return BACKENDS[Backend(name)]
+
+
+def backend_names() -> list[str]:
+    return [b.value for b in BACKENDS]
+
+
+def recipe_names(backend: str) -> list[str]:
+    """Valid quantization names of one backend (what ``--quantization`` accepts)."""
+    return sorted(n for b, n in RECIPES if b.value == backend)
+
+
+def get_recipe(backend: str, name: str) -> QuantRecipe:
+    """Recipe lookup; unknown backends or names raise KeyError listing the valid ones."""
+    key = (get_backend(backend).backend, name)
+    if key not in RECIPES:
+        raise KeyError(
+            f"unknown quantization {name!r} for backend {backend}; choose from {recipe_names(backend)}"
+        )
+    return RECIPES[key]
+
+
+def quantization_help() -> str:
+    """``--quantization`` help: every backend's recipes, its default first."""
+    parts = []
+    for b in BACKENDS.values():
+        rest = [n for n in recipe_names(b.backend) if n != b.default_quantization]
+        parts.append(f"{b.backend.value}: {'|'.join([b.default_quantization, *rest])}")
+    return "; ".join(parts) + " (the first of each is its default)"

@@ -32,11 +32,11 @@ from omnidraft_deploy.distill.data import TASKS, build_corpus, split
 from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
 from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.pipeline import build_mapper
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.vocab.build import build_mapper
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 

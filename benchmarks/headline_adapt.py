@@ -39,7 +39,6 @@ from omnidraft_deploy.distill.data import build_corpus, split
 from omnidraft_deploy.distill.online import OnlineDistiller, ReplayBuffer
 from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.pipeline import build_mapper
 from omnidraft_deploy.presets import ModelSpec, get_preset
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.hf_adapter import load_preset_weights
@@ -52,6 +51,7 @@ from omnidraft_deploy.speculative.decoder import (
 )
 from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.vocab.build import build_mapper
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("headline_adapt")

@@ -205,7 +205,7 @@ class PairFiles:
 
     @classmethod
     def build(cls, drafter: ModelSpec, target: ModelSpec) -> PairFiles:
-        from omnidraft_deploy.pipeline import build_mapper
+        from omnidraft_deploy.vocab.build import build_mapper
         from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
         d_tok, t_tok = load_tokenizer(drafter.tokenizer), load_tokenizer(target.tokenizer)

@@ -65,13 +65,10 @@ def run_decode_bench(
     cfg: DecodeConfig,
     *,
     ngram_cache: NGramCache | None = None,
-    drafter_bos: int | None = None,
     seed: int = 0,
 ) -> BenchResult:
     """Run each prompt target-only and speculatively (same config, same seed) and record both."""
-    dec = SpeculativeDecoder(
-        target, drafter, mapper, policy, ngram_cache, config=cfg, drafter_bos=drafter_bos
-    )
+    dec = SpeculativeDecoder(target, drafter, mapper, policy, ngram_cache, config=cfg)
     result = BenchResult()
     for p in tqdm(prompts, desc="bench", unit="prompt"):
         base_ids, base = generate_target_only(

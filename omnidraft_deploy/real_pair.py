@@ -27,7 +27,6 @@ import torch
 from tqdm import tqdm
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.pipeline import build_mapper
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
@@ -36,6 +35,7 @@ from omnidraft_deploy.speculative.decoder import (
 )
 from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.vocab.build import build_mapper
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import random
 import torch
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import Family, ModelSpec, Role
+from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.protocols import TokenizerLike
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -74,8 +74,9 @@ def toy_pair() -> tuple[TableTokenizer, TableTokenizer]:
 def toy_spec(vocab: int, max_seq_len: int = 96) -> ModelSpec:
     """A 1-layer, 16-dim Llama for toy vocabularies (fast enough for thousands of samples)."""
     return ModelSpec(
-        "toy", Role.TARGET, Family.LLAMA, "toy", vocab, 16, 1, 2, 1, 32, max_seq_len=max_seq_len
-    )
+        "toy", Role.TARGET, Family.LLAMA, "toy", vocab, 16, 1, 2, 1, 32,
+        max_seq_len=max_seq_len, source=Source.RANDOM,
+    )  # fmt: skip
 
 
 class OracleDrafter:

@@ -57,9 +57,7 @@ def _eager_target(bundle: OpenBundle) -> EagerLM:
     )
 
 
-def _decoder(
-    bundle: OpenBundle, max_new_tokens: int, *, drafter_bos: int | None = None
-) -> SpeculativeDecoder:
+def _decoder(bundle: OpenBundle, max_new_tokens: int) -> SpeculativeDecoder:
     """Greedy speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length."""
     cfg = DecodeConfig(
         max_new_tokens=max_new_tokens,
@@ -73,7 +71,6 @@ def _decoder(
         HeuristicDraftLen(bundle.manifest.draft_len),
         bundle.ngram_cache,
         config=cfg,
-        drafter_bos=drafter_bos,
     )
 
 
@@ -124,7 +121,6 @@ def run_bundle(
     prompt_ids: list[int],
     *,
     max_new_tokens: int = 48,
-    drafter_bos: int | None = None,
     provider: str | None = None,
     observer: Observer | None = None,
 ) -> tuple[list[int], DecodeStats]:
@@ -142,7 +138,7 @@ def run_bundle(
             expect_draft_vocab=bundle.mapper.draft_vocab_size,
             expect_target_vocab=bundle.mapper.target_vocab_size,
         )
-    dec = _decoder(bundle, max_new_tokens, drafter_bos=drafter_bos)
+    dec = _decoder(bundle, max_new_tokens)
     out, stats = dec.generate(prompt_ids, observer=observer)
     write_bytes_atomic(
         session,

@@ -121,7 +121,6 @@ class SpeculativeDecoder:
         ngram_cache: NGramCache | None = None,
         *,
         config: DecodeConfig = DecodeConfig(),
-        drafter_bos: int | None = None,
     ) -> None:
         self.target, self.mapper, self.cfg = target, mapper, config
         self.drafter = CrossVocabDrafter(
@@ -132,7 +131,6 @@ class SpeculativeDecoder:
             target_vocab=target.vocab_size,
             temperature=config.temperature,
             ngram_cache=ngram_cache,
-            bos_id=drafter_bos,
         )
 
     def _verify(

@@ -1,9 +1,12 @@
 """``CrossVocabDrafter``: drafts in the drafter's vocabulary, proposes in the target's.
 
-It owns the drafter-side state: the committed text as drafter ids (``draft_ids``) and how many of
-those positions hold valid KV (``kv_len``). Invariant after every ``commit``: the bytes of
-``draft_ids`` equal the bytes of the committed target ids, and ``kv_len < len(draft_ids)`` so the
-next ``propose`` always has at least one token to feed and gets fresh logits from it.
+It owns the drafter-side state: the committed text as drafter ids (``draft_ids``, starting with the
+drafter's BOS stored in the map, ``VocabMapper.drafter_bos``) and how many of those positions hold
+valid KV (``kv_len``). Invariant after every ``commit``: the bytes of ``draft_ids`` equal the bytes
+of the committed target ids, except that each byte the drafter cannot spell is one placeholder
+token (``vocab.build``); ``placeholder_bytes`` counts those bytes since ``reset`` (a loss of drafter
+context only, logged once per ``reset``). And ``kv_len < len(draft_ids)`` so the next ``propose``
+always has at least one token to feed and gets fresh logits from it.
 
 Proposal construction (OmniDraft section 3): walk the drafted tokens left to right; at each
 position take the longest cached n-gram (merged probability = product of the drafted tokens'
@@ -13,6 +16,7 @@ tokens and skips the n-gram cache, so every proposal's probability is known exac
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -24,6 +28,8 @@ from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
 from omnidraft_deploy.vocab.mapper import VocabMapper
+
+log = logging.getLogger(__name__)
 
 
 class Mode(StrEnum):
@@ -53,12 +59,12 @@ class CrossVocabDrafter:
         target_vocab: int,
         temperature: float = 0.0,
         ngram_cache: NGramCache | None = None,
-        bos_id: int | None = None,
     ) -> None:
         self.lm, self.mapper, self.policy, self.mode = lm, mapper, policy, mode
         self.target_vocab, self.temperature = target_vocab, temperature
-        self.ngram_cache, self.bos_id = ngram_cache, bos_id
+        self.ngram_cache, self.bos_id = ngram_cache, mapper.drafter_bos
         self.draft_ids: list[int] = []
+        self.placeholder_bytes = 0
         self.kv_len = 0
         self._fed_len = 0
         self._drafts: list[int] = []
@@ -70,6 +76,17 @@ class CrossVocabDrafter:
         if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         self.draft_ids, self.kv_len, self._fed_len = ids, 0, 0
+        self.placeholder_bytes = 0
+        self._count_placeholders(prompt_target_ids)
+
+    def _count_placeholders(self, target_ids: list[int]) -> None:
+        lost = sum(self.mapper.placeholder_bytes(t) for t in target_ids)
+        if lost and not self.placeholder_bytes:
+            log.warning(
+                "the drafter cannot spell some bytes of this text; it sees a placeholder token "
+                "for them (drafts may get worse, output is unaffected)"
+            )
+        self.placeholder_bytes += lost
 
     def _forward(self, ids: list[int], start: int) -> Tensor:
         t0 = time.perf_counter()
@@ -149,6 +166,7 @@ class CrossVocabDrafter:
         """Keep the accepted drafts, append the target's own token, roll the KV pointer back."""
         kept = sum(proposal.spans[:n_accepted])
         tail = self.mapper.target_to_draft(next_id)
+        self._count_placeholders([next_id])
         old_len = len(self.draft_ids)
         self.draft_ids = [*self.draft_ids, *self._drafts[:kept], *tail]
         self.kv_len = min(self._fed_len, old_len + kept, len(self.draft_ids) - 1)

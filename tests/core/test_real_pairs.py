@@ -49,7 +49,6 @@ def test_random_drafter_greedy_equality(pair) -> None:
         HeuristicDraftLen(3),
         NGramCache(),
         config=cfg,
-        drafter_bos=pair.drafter_tok.bos_id,
     )
     for text in texts:
         ids = pair.target_tok.encode(text)
@@ -77,7 +76,6 @@ def test_oracle_drafter_accepts_and_the_ngram_cache_learns(pair) -> None:
             HeuristicDraftLen(4),
             cache,
             config=cfg,
-            drafter_bos=pair.drafter_tok.bos_id,
         )
         for phase in ("cold", "warm"):
             out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(k))

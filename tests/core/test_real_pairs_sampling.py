@@ -13,7 +13,6 @@ from collections import Counter
 import pytest
 import torch
 
-from omnidraft_deploy.pipeline import build_mapper
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -22,6 +21,7 @@ from omnidraft_deploy.speculative.draft_len import FixedDraftLen
 from omnidraft_deploy.speculative.drafter import Mode
 from omnidraft_deploy.speculative.lossless import chi_square, chi_square_z
 from omnidraft_deploy.testing import BridgeDrafter
+from omnidraft_deploy.vocab.build import build_mapper
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 N_SAMPLES, TOP = 300, 12
@@ -64,9 +64,7 @@ def test_exact_mode_matches_target_through_real_vocabularies(target: str) -> Non
     cfg = DecodeConfig(
         mode=Mode.EXACT, temperature=1.0, max_new_tokens=2, vocab_limit=mapper.target_vocab_size
     )
-    dec = SpeculativeDecoder(
-        EagerLM(model), drafter, mapper, FixedDraftLen(3), config=cfg, drafter_bos=d_tok.bos_id
-    )
+    dec = SpeculativeDecoder(EagerLM(model), drafter, mapper, FixedDraftLen(3), config=cfg)
     gen = torch.Generator().manual_seed(0)
     counts: Counter[tuple[int, ...]] = Counter()
     accepted = proposed = 0

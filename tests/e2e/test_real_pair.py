@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.pipeline import build_mapper, unspellable_target_ids
 from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
 from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.testing import TableTokenizer
+from omnidraft_deploy.vocab.build import build_mapper, unspellable_target_ids
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 
 def _toy() -> tuple[TableTokenizer, TableTokenizer]:
-    drafter = TableTokenizer("t-drafter", [b"</s>", b"a", b"b", b" ", b"ab"])  # no b"\xff"
+    drafter = TableTokenizer("t-drafter", [b"</s>", b"a", b"b", b" ", b"ab", b"?"])  # no b"\xff"
     target = TableTokenizer("t-target", [b"<eos>", b"a", b"b", b" ", b"ab", b"\xff", b"a\xff"])
     return drafter, target
 
@@ -38,12 +38,14 @@ def test_byte_safe_mapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     drafter, target = _toy()
     assert unspellable_target_ids(drafter, target) == [5, 6]
     mapper = build_mapper(drafter, target)
-    assert mapper.target_to_draft(5) == [] and mapper.target_to_draft(6) == []
+    assert mapper.target_to_draft(5) == [5] and mapper.target_to_draft(6) == [1, 5]  # "?" stands in
+    assert mapper.placeholder_counts == {5: 1, 6: 1}
     assert mapper.target_to_draft(4) == [4]  # spellable tokens keep their drafter spelling
-    assert [int(t) for t in mapper.draft_to_target] == [0, 1, 2, 3, 4]
+    assert [int(t) for t in mapper.draft_to_target] == [0, 1, 2, 3, 4, -1]  # "?": not in target
     assert list((tmp_path / "mappers").glob("t-drafter--t-target-*.bin"))
     again = build_mapper(drafter, target)  # from the cache file
-    assert again.target_to_draft(1) == [1] and again.target_to_draft(6) == []
+    assert again.target_to_draft(1) == [1] and again.target_to_draft(6) == [1, 5]
+    assert again.placeholder_counts == mapper.placeholder_counts
 
 
 def test_spec_setting_validates() -> None:

@@ -132,7 +132,7 @@ def _export_role(
     return info
 
 
-def _file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
+def file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
     roles = {g.file: f"{role}_graph" for role, g in graphs.items()}
     for p in tmp.glob("*.onnx.data"):
         roles[p.name] = "external_weights"
@@ -175,7 +175,7 @@ def export_bundle(
                 cfg, role, tmp, verify=verify,
                 eos_ids=(eos_ids or {}).get(role, ()), bundle_hash=mapping_hash, extras=extras,
             )  # fmt: skip
-        roles = _file_roles(tmp, graphs)
+        roles = file_roles(tmp, graphs)
         for role, folder in (tokenizer_dirs or {}).items():
             for src in sorted(Path(folder).iterdir()):
                 if src.is_file():

@@ -213,6 +213,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.distill.adapt import AdaptConfig
+    from omnidraft_deploy.exporters.publish import publish_drafter
+    from omnidraft_deploy.runtime.adapt import adapt_bundle
+
+    prompts = [ids for _, ids in _bundle_prompts(args.bundle)]
+    base = AdaptConfig()
+    cfg = AdaptConfig(
+        lr=args.lr or base.lr, steps_per_update=args.steps_per_update or base.steps_per_update
+    )
+    result = adapt_bundle(
+        args.bundle, prompts, cfg, rounds=args.rounds, max_new_tokens=args.max_new_tokens,
+        provider=args.provider, publish=lambda drafter: publish_drafter(args.bundle, drafter),
+    )  # fmt: skip
+    trace, n = result.report.acceptance, len(prompts)
+    first, last = sum(trace[:n]) / n, sum(trace[-n:]) / n
+    print(f"{args.bundle}: {result.rounds} x {n} prompts, {result.report.optimizer_steps} "
+          f"optimiser steps in {result.report.seconds:.0f} s; acceptance first round "
+          f"{first:.3f} -> last round {last:.3f}")  # fmt: skip
+    return 0
+
+
 def _add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=DEFAULT_TARGET, help="target preset (see `omnidraft presets`)"
@@ -282,6 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
     p.set_defaults(handler=_cmd_run)
+    p = sub.add_parser("adapt", help="adapt a bundle's drafter online to prompts, then publish it")
+    p.add_argument("bundle")
+    p.add_argument("--rounds", type=int, default=2, help="passes over the shipped prompt set")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lr", type=float, help="learning rate (default: AdaptConfig's, 1e-3)")
+    p.add_argument("--steps-per-update", type=int, help="optimiser steps after each prompt (4)")
+    p.add_argument(
+        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
+    )
+    p.set_defaults(handler=_cmd_adapt)
     return parser
 
 

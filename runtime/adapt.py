@@ -1,0 +1,72 @@
+"""``omnidraft adapt BUNDLE``, the runtime half: adapt a bundle's drafter to the user's prompts.
+
+The bundle's target graph verifies (ONNX Runtime / ExecuTorch / QNN, as ``run`` uses it); the
+drafter drafts in eager PyTorch (``reference.load``, from the bundle's drafter preset) because its
+weights change after every prompt; the loop is ``distill.adapt.adapt_stream``. The n-gram cache
+the stream grows is the bundle's session cache (``run`` starts from it next time). Swapping the
+adapted weights into the bundle's drafter graph is the exporters' job (``omnidraft adapt`` passes
+it as ``publish``): this module never writes a graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnidraft_deploy.runtime.bundle import open_bundle
+
+from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
+
+
+@dataclass(frozen=True)
+class BundleAdaptation:
+    drafter: Transformer  # the adapted eager drafter
+    report: AdaptReport  # acceptance per prompt while adapting (all rounds, in order)
+    rounds: int
+
+
+def adapt_bundle(
+    bundle_dir: str | Path,
+    prompts: Sequence[list[int]],
+    cfg: AdaptConfig,
+    *,
+    rounds: int = 1,
+    max_new_tokens: int = 32,
+    provider: str | None = None,
+    publish: Callable[[Transformer], None] | None = None,
+) -> BundleAdaptation:
+    """Stream ``prompts`` (target ids) ``rounds`` times through the bundle, learning after each.
+
+    The drafter starts from its preset's weights (the bundle's ``extras`` are informational, never
+    loaded); ``publish`` receives the adapted drafter once, after the last prompt.
+    """
+    if rounds < 1 or not prompts:
+        raise ValueError(f"need rounds >= 1 and at least one prompt, got {rounds}, {len(prompts)}")
+    bundle = open_bundle(bundle_dir, provider=provider)
+    info = bundle.manifest.graphs["drafter"]
+    seed = bundle.manifest.extras.get("seed")
+    drafter = load_model(
+        get_preset(info.preset),
+        seed=(seed if type(seed) is int else 0) + 1,  # export seeds the drafter with seed + 1
+        max_seq_len=info.max_seq_len,
+    )
+    distiller = make_distiller(drafter, bundle.mapper, cfg)
+    decode = DecodeConfig(
+        max_new_tokens=max_new_tokens,
+        vocab_limit=bundle.mapper.target_vocab_size,
+        eos_ids=bundle.mapper.target_eos,
+    )
+    decoder = SpeculativeDecoder(
+        bundle.target, EagerLM(drafter), bundle.mapper,
+        HeuristicDraftLen(bundle.manifest.draft_len), bundle.ngram_cache, config=decode,
+    )  # fmt: skip
+    stream = [p for _ in range(rounds) for p in prompts]
+    report = adapt_stream(decoder, distiller, stream, publish=publish)
+    return BundleAdaptation(drafter, report, rounds)

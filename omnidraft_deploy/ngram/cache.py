@@ -34,6 +34,8 @@ varint file of ``ngram.format`` is never larger while ids and use counts stay be
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -105,6 +107,53 @@ class NGramCache:
             if key in cache._targets:
                 raise ValueError(f"duplicate n-gram {key}")
             cache._insert(key, int(target_id), uses)
+        return cache
+
+    @classmethod
+    def from_checked_rows(
+        cls,
+        keys: list[Key],
+        target_ids: list[int],
+        uses: list[int],
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        max_bytes: int | None = None,
+        policy: str = "lru",
+    ) -> NGramCache:
+        """``from_items`` for rows a reader has already checked, in linear time (bulk loading).
+
+        Preconditions (``ngram.format`` enforces them): keys distinct tuples of 2..255 ids, ids
+        and counts in range, and for LFU the use counts non-decreasing (the canonical order, where
+        the next victim is always the earliest row). Same state and stats as ``from_items``: the
+        rows that could never fit are skipped, then the longest suffix that fits both capacities
+        is kept (what inserting row by row with eviction leaves).
+        """
+        cache = cls(max_entries=max_entries, max_bytes=max_bytes, policy=policy)
+        budget = max_bytes
+        start = max(0, len(keys) - max_entries)
+        if budget is not None:
+            sizes = [entry_nbytes(len(k)) for k in keys]
+            fits = [FILE_OVERHEAD_NBYTES + s <= budget for s in sizes]
+            cache._skipped = len(fits) - sum(fits)
+            keys = list(itertools.compress(keys, fits))
+            target_ids = list(itertools.compress(target_ids, fits))
+            uses = list(itertools.compress(uses, fits))
+            sizes = list(itertools.compress(sizes, fits))
+            start = max(0, len(keys) - max_entries)
+            total = FILE_OVERHEAD_NBYTES + sum(sizes[start:])
+            while total > budget:  # longest suffix within the byte budget
+                total -= sizes[start]
+                start += 1
+        cache._inserts, cache._evictions = len(keys), start
+        keys, target_ids, uses = keys[start:], target_ids[start:], uses[start:]
+        cache._targets = dict(zip(keys, target_ids, strict=True))
+        if len(cache._targets) != len(keys):
+            raise ValueError("duplicate n-grams among the rows")
+        cache._policy.add_many(keys, uses)
+        n_ids = sum(map(len, keys))
+        cache._nbytes = FILE_OVERHEAD_NBYTES + ENTRY_FIXED_NBYTES * len(keys) + 4 * n_ids
+        cache._len_counts = dict(collections.Counter(map(len, keys)))
+        cache._lengths = tuple(sorted(cache._len_counts, reverse=True))
         return cache
 
     def update(self, draft_ids: Sequence[int], target_id: int) -> None:

@@ -15,6 +15,7 @@ Use counts start at 1 on insert, grow by 1 per ``touch`` and saturate at ``MAX_U
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol
@@ -29,6 +30,8 @@ class EvictionPolicy(Protocol):
     name: str  # "lru" | "lfu": the registry name, also mapped to the policy id of the format
 
     def add(self, key: Key, uses: int = 1) -> None: ...  # new key, most recently used
+
+    def add_many(self, keys: list[Key], uses: list[int]) -> None: ...  # bulk add, empty policy
 
     def touch(self, key: Key) -> None: ...  # one more use of an existing key
 
@@ -53,6 +56,12 @@ class LRUPolicy:
         if key in self._uses:
             raise KeyError(f"n-gram {key} is already tracked")
         self._uses[key] = _check_uses(uses)
+
+    def add_many(self, keys: list[Key], uses: list[int]) -> None:
+        """``add`` of each key in turn, into an empty policy (checked rows: bulk loading)."""
+        if self._uses:
+            raise ValueError("add_many needs an empty policy")
+        self._uses = OrderedDict(zip(keys, uses, strict=True))
 
     def touch(self, key: Key) -> None:
         self._uses[key] = min(self._uses[key] + 1, MAX_USES)
@@ -96,6 +105,21 @@ class LFUPolicy:
         self._uses[key] = uses
         self._buckets.setdefault(uses, OrderedDict())[key] = None
         self._min = uses if self._min == 0 else min(self._min, uses)
+
+    def add_many(self, keys: list[Key], uses: list[int]) -> None:
+        """``add`` of each key in turn, into an empty policy; ``uses`` must be non-decreasing
+        (the canonical file order), so each count's keys form one run."""
+        if self._uses:
+            raise ValueError("add_many needs an empty policy")
+        if any(a > b for a, b in zip(uses, uses[1:], strict=False)):
+            raise ValueError("add_many needs use counts in non-decreasing order")
+        self._uses = dict(zip(keys, uses, strict=True))
+        start = 0
+        for count, run in itertools.groupby(uses):
+            n = sum(1 for _ in run)
+            self._buckets[count] = OrderedDict.fromkeys(keys[start : start + n])
+            start += n
+        self._min = uses[0] if uses else 0
 
     def touch(self, key: Key) -> None:
         uses = self._uses[key]

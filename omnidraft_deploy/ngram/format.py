@@ -30,27 +30,44 @@ count. A reader rebuilds the cache by re-adding the entries in file order with t
 its eviction order across sessions. Not stored: hit/miss statistics and the capacities, which are
 runtime configuration (``load(max_entries=..., max_bytes=...)``).
 
-Readers reject, naming the file: a wrong magic (foreign file), an unknown or newer version,
-reserved flag bits or an unknown policy id, a size that does not match ``24 + B + 4`` (truncated
-or padded), a CRC mismatch, a malformed entry (n < 2, bad varint, use count 0, duplicate n-gram,
-entries not filling B exactly), ids outside the vocabularies, and vocabulary sizes that differ
-from what the caller expects.
+Canonical order: an LFU file lists its entries in non-decreasing use count (the order ``items()``
+gives), so one cache has exactly one encoding; LRU files may hold any counts in any order.
+
+Readers reject, naming the file: a file over the caller's size cap (``max_file_bytes``, checked
+before reading), a wrong magic (foreign file), an unknown or newer version, reserved flag bits or
+an unknown policy id, a size that does not match ``24 + B + 4`` (truncated or padded), a CRC
+mismatch, more entries than B can hold (N > B / 5), a malformed entry (n < 2, bad or
+non-canonical varint, use count 0, duplicate n-gram, entries not filling B exactly), LFU use
+counts out of order, ids outside the vocabularies, and vocabulary sizes that differ from what the
+caller expects.
+
+Loading is linear in the entries with a small constant: the varints of the whole entry section are
+decoded at once with NumPy (``_fast_rows``); a file it does not accept is read again entry by
+entry (``_read_entries``), which names the first bad entry or, for the rare n >= 128 (an n byte
+that is not a one-byte varint), reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import operator
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from omnidraft_deploy.manifest import write_bytes_atomic
 from omnidraft_deploy.ngram.cache import DEFAULT_MAX_ENTRIES, FILE_OVERHEAD_NBYTES, NGramCache
 from omnidraft_deploy.ngram.eviction import Key
 
 MAGIC = b"ODNG"
+MAX_FILE_BYTES = 64 << 20  # default cap of ``load``: about 6M entries
+MIN_ENTRY_NBYTES = 5  # u8 n + 2 one-byte draft ids + one-byte target id + one-byte use count
 VERSION = 1
 POLICY_IDS: dict[str, int] = {"lru": 0, "lfu": 1}
 _POLICY_MASK = 0x000F
@@ -131,14 +148,33 @@ def from_bytes(
                 f"built for a {what} vocabulary of {got} tokens, "
                 f"expected {expected}: the cache belongs to another model pair",
             )
-    rows = _read_entries(data, header, source)
-    cache = NGramCache.from_items(
-        rows,
-        max_entries=max_entries or max(DEFAULT_MAX_ENTRIES, header.n_entries),
-        max_bytes=max_bytes,
-        policy=header.policy,
-    )
-    return cache, header
+    caps = {
+        "max_entries": max_entries or max(DEFAULT_MAX_ENTRIES, header.n_entries),
+        "max_bytes": max_bytes,
+        "policy": header.policy,
+    }
+    with _no_gc():  # millions of new tuples would trigger full collections again and again
+        rows = _fast_rows(data, header)
+        if rows is not None:
+            try:
+                return NGramCache.from_checked_rows(*rows, **caps), header  # type: ignore[arg-type]
+            except ValueError:  # a duplicate n-gram: the entry-by-entry reader names it
+                pass
+        slow = _read_entries(data, header, source)  # names the problem, or reads n >= 128
+        rows = [r[0] for r in slow], [r[1] for r in slow], [r[2] for r in slow]
+        return NGramCache.from_checked_rows(*rows, **caps), header  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector (the rows hold no cycles); restore its state after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def save(
@@ -160,10 +196,15 @@ def load(
     expect_target_vocab: int | None = None,
     max_entries: int | None = None,
     max_bytes: int | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
 ) -> tuple[NGramCache, NGramHeader]:
+    """``from_bytes`` of a file; refused unread when larger than ``max_file_bytes``."""
     p = Path(path)
     if not p.is_file():
         raise NGramFormatError(p, "missing")
+    size = p.stat().st_size
+    if size > max_file_bytes:
+        raise NGramFormatError(p, f"{size} B is over this reader's cap of {max_file_bytes} B")
     return from_bytes(
         p.read_bytes(),
         source=p,
@@ -203,6 +244,8 @@ def _read_header(data: bytes, source: str | os.PathLike[str]) -> NGramHeader:
         raise NGramFormatError(source, f"unknown flags 0x{flags:04x} (policy id or reserved bits)")
     if vd == 0 or vt == 0:
         raise NGramFormatError(source, f"vocabulary sizes must be >= 1, got {vd} and {vt}")
+    if n * MIN_ENTRY_NBYTES > b:
+        raise NGramFormatError(source, f"{n} entries cannot fit in {b} B (>= 5 B each)")
     return NGramHeader(version, names[flags & _POLICY_MASK], vd, vt, n, b)
 
 
@@ -239,6 +282,8 @@ def _read_entries(
             raise fail("use count 0 (counts start at 1)")
         if key in seen:
             raise fail(f"duplicate n-gram {key}")
+        if header.policy == "lfu" and rows and uses < rows[-1][2]:
+            raise fail(f"LFU use count {uses} after {rows[-1][2]}: not the canonical order")
         seen.add(key)
         rows.append((key, target_id, uses))
     if pos != end:
@@ -273,3 +318,62 @@ def _get_varint(
     if value > 0xFFFF_FFFF:
         raise fail(f"varint {value} does not fit in u32")
     return value, pos
+
+
+def _varints(sec: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """All varints of ``sec`` (uint8) as (values int64, byte lengths); None if any is malformed."""
+    ends = np.flatnonzero(sec < 0x80)
+    if ends.size == 0 or ends[-1] != sec.size - 1:
+        return None
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if int(lengths.max()) > 5 or bool(((lengths > 1) & (sec[ends] == 0)).any()):
+        return None  # too long, or non-canonical (multi-byte ending in 0x00)
+    values = np.zeros(ends.size, np.int64)
+    for j in range(int(lengths.max())):
+        has = np.flatnonzero(lengths > j)
+        values[has] |= (sec[starts[has] + j].astype(np.int64) & 0x7F) << (7 * j)
+    if bool((values > 0xFFFF_FFFF).any()):
+        return None
+    return values, lengths
+
+
+def _fast_rows(data: bytes, h: NGramHeader) -> tuple[list[Key], list[int], list[int]] | None:
+    """Rows (keys, target ids, uses) when every per-entry check passes and every n < 128, else
+    None. Duplicates are left to ``NGramCache.from_checked_rows`` (it raises ValueError)."""
+    if h.n_entries == 0:
+        return ([], [], []) if h.entries_nbytes == 0 else None
+    sec = np.frombuffer(data, np.uint8, count=h.entries_nbytes, offset=_HEADER.size)
+    decoded = _varints(sec)
+    if decoded is None:
+        return None
+    values, lengths = decoded
+    firsts_list, k, total, mv = [], 0, values.size, values.data
+    for _ in range(h.n_entries):  # an entry is n + 3 varints when its n byte is < 0x80
+        if k >= total:
+            return None
+        firsts_list.append(k)
+        k += mv[k] + 3
+    firsts = np.asarray(firsts_list, np.int64)
+    ns = values[firsts]
+    if k != total or bool((lengths[firsts] != 1).any() or (ns < 2).any()):
+        return None
+    role = np.zeros(total, np.int8)  # 0 draft id, 1 n, 2 target id, 3 use count
+    role[firsts], role[firsts + ns + 1], role[firsts + ns + 2] = 1, 2, 3
+    targets, uses = values[role == 2], values[role == 3]
+    if int(values[role == 0].max()) >= h.draft_vocab_size:
+        return None
+    if int(targets.max()) >= h.target_vocab_size or bool((uses == 0).any()):
+        return None
+    if h.policy == "lfu" and bool((np.diff(uses) < 0).any()):
+        return None
+    order = np.argsort(ns, kind="stable")  # entries grouped by n, file order within a group
+    grouped: list[Key] = []
+    for n in np.unique(ns).tolist():
+        where = order[ns[order] == n]
+        grid = values[(firsts[where] + 1)[:, None] + np.arange(n)]  # (m, n) draft ids
+        grouped.extend(map(tuple, grid.tolist()))
+    back = np.empty_like(order)
+    back[order] = np.arange(order.size)  # file position -> index in ``grouped``
+    keys = list(operator.itemgetter(*back.tolist())(grouped)) if back.size > 1 else grouped
+    return keys, targets.tolist(), uses.tolist()

@@ -121,7 +121,9 @@ def _entry_file(entry: bytes, n_entries: int = 1) -> bytes:
         (bytes([2, 1, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01, 3, 1]), "longer than 5 bytes"),
         (bytes([2, 1, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 3, 1]), "does not fit in u32"),
         (bytes([2, 1, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F, 3, 1]), "draft id 4294967295 outside"),
-        (bytes([2, 1, 2, 3]), "runs past the entry section"),
+        (bytes([2, 1, 2, 3]), "1 entries cannot fit in 4 B"),
+        (bytes([3, 1, 2, 3, 4]), "runs past the entry section"),
+        (bytes([0x80, 1, 2, 3, 4, 5, 6]), "runs past the entry section"),  # n >= 128: slow path
     ],
 )
 def test_malformed_entries(entry: bytes, message: str | None) -> None:

@@ -16,7 +16,7 @@ from omnidraft_deploy.vocab import tokenizers as tk  # noqa: E402
 
 TEXT = "Hello world, ½ naïve 🦙\n\tdef f(x):\n    return x  # 12345 ünïcödé 我想在"
 DEFAULT = ["llama2", "vicuna", "llama3", "qwen2", "mistral", "gpt2"]
-SIZES = {"llama2": 32000, "vicuna": 32000, "llama3": 128256, "qwen2": 151646, "mistral": 32000,
+SIZES = {"llama2": 32000, "vicuna": 32000, "llama3": 128256, "qwen2": 151665, "mistral": 32000,
          "gpt2": 50257, "smollm2": 49152}  # fmt: skip
 
 
@@ -126,8 +126,27 @@ def test_qwen2_normalises_to_nfc(load: Callable[[str], Tok]) -> None:
     decomposed = unicodedata.normalize("NFD", "café naïve")
     assert decomposed != "café naïve"
     assert tok.encode(decomposed) == tok.encode("café naïve")
-    assert tok.special_ids == {151643, 151644, 151645} and tok.bos_id is None
+    assert tok.special_ids == set(range(151643, 151657)) and tok.bos_id is None
     assert tok.encode("<|im_end|>") == [151645]  # specials parse like HF
+
+
+def test_qwen2_covers_the_qwen25_added_tokens(load: Callable[[str], Tok]) -> None:
+    """Tool-call, FIM and repo markers (151646-151664) are tokens, not text (the issue-15 crash)."""
+    tok = load("qwen2")
+    assert tok.encode("<tool_call>\n") == [151657, 198]
+    assert tok.encode("<|fim_prefix|>def f(<|fim_suffix|>):<|fim_middle|>") == [
+        151659, 750, 282, 7, 151661, 1648, 151660,
+    ]  # fmt: skip
+    assert tok.token_bytes(151664) == b"<|file_sep|>" and tok.vocab_size == 151665
+    assert tok.decode([151657, 151659]) == "<tool_call><|fim_prefix|>"  # not special: kept
+
+
+def test_chat_templates_give_the_turn_tokens(load: Callable[[str], Tok]) -> None:
+    from omnidraft_deploy.vocab.roles import Role, special_roles
+
+    assert special_roles(load("qwen2")) == {Role.SOT: 151644, Role.EOT: 151645, Role.EOS: 151643}
+    assert special_roles(load("smollm2")) == {Role.SOT: 1, Role.EOT: 2, Role.EOS: 0}
+    assert special_roles(load("llama2")) == {Role.BOS: 1, Role.EOS: 2}  # no template
 
 
 def test_smollm2_splits_digits(load: Callable[[str], Tok]) -> None:
@@ -146,9 +165,26 @@ def test_tokenizer_json_matches_llama_cpp_vocab(
     from omnidraft_deploy.vocab.gguf_vocab import read_gguf_vocab
 
     tok, vocab = load(name), read_gguf_vocab(asset_path(asset))
-    assert [tok.id_to_piece(i) for i in range(tok.vocab_size)] == list(
-        vocab.tokens[: tok.vocab_size]
-    )
+    n = 151646 if name == "qwen2" else tok.vocab_size  # llama.cpp's file is Qwen2's (no 2.5 ids)
+    assert [tok.id_to_piece(i) for i in range(n)] == list(vocab.tokens[:n])
+
+
+@pytest.mark.slow
+def test_qwen2_matches_the_qwen25_model_and_the_rest_is_padding(
+    load: Callable[[str], Tok], require_asset: Callable[[str], Path]
+) -> None:
+    """Every id of the tokenizer is the Qwen2.5 GGUF's token; every logit row past it is a
+    ``[PAD<id>]`` entry of type UNUSED: masking rows >= vocab_size (the decoder's
+    ``vocab_limit``) masks exactly the padding."""
+    from omnidraft_deploy.vocab.gguf_vocab import UNUSED, read_gguf_vocab
+
+    tok = load("qwen2")
+    vocab = read_gguf_vocab(require_asset("qwen2.5-0.5b-gguf"))
+    n = tok.vocab_size
+    assert [tok.id_to_piece(i) for i in range(n)] == list(vocab.tokens[:n])
+    assert len(vocab.tokens) == 151936
+    assert vocab.tokens[n:] == tuple(f"[PAD{i}]" for i in range(n, 151936))
+    assert set(vocab.token_types[n:]) == {UNUSED} and UNUSED not in vocab.token_types[:n]
 
 
 def test_gguf_builders_reject_the_wrong_kind(load: Callable[[str], Tok]) -> None:

@@ -28,10 +28,12 @@ from pathlib import Path
 
 import torch
 
+from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, build_corpus, split
-from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
-from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
+from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
@@ -85,7 +87,7 @@ def _prompt_text(doc: str) -> str | None:
 def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]]]:
     """Held-out prompts per task: up to the answer marker (<= 200 tokens), else the first
     ``prompt_tokens`` tokens of the document."""
-    pcfg = get_pretrain_config(target_name)
+    pcfg = pretrain_config(get_preset(target_name))
     tok = load_tokenizer(pcfg.tokenizer)
     _, held = split(build_corpus(pcfg.data), pcfg.data.heldout_frac)
     bos = [tok.bos_id] if tok.bos_id is not None else []
@@ -113,11 +115,11 @@ def split_prompts(prompts: list[list[int]], cfg: TableConfig) -> tuple[list, lis
 
 def load_setup(cfg: TableConfig, target_name: str | None = None) -> Setup:
     target_name = target_name or cfg.target
-    d_cfg, t_cfg = get_pretrain_config(cfg.drafter), get_pretrain_config(target_name)
-    mapper = build_mapper(load_tokenizer(d_cfg.tokenizer), load_tokenizer(t_cfg.tokenizer))
+    d_spec, t_spec = get_preset(cfg.drafter), get_preset(target_name)  # resolved once
+    mapper = build_mapper(load_tokenizer(d_spec.tokenizer), load_tokenizer(t_spec.tokenizer))
     return Setup(
-        load_pretrained(target_name),
-        load_pretrained(cfg.drafter),
+        load_model(t_spec),
+        load_model(d_spec),
         mapper,
         make_prompts(cfg, target_name),
     )
@@ -161,6 +163,16 @@ def evaluate(
     }
 
 
+def adapt_config(cfg: TableConfig, lam: float, *, sgd: bool = False) -> AdaptConfig:
+    """The library's settings for one row (``sgd``: the exported train step's, batch 1)."""
+    if sgd:
+        return AdaptConfig(lr=cfg.sgd_lr, lam=lam, batch_size=1, optimizer="sgd",
+                           steps_per_update=cfg.steps_per_update * cfg.batch_size,
+                           seq_len=cfg.seq_len)  # fmt: skip
+    return AdaptConfig(lr=cfg.lr, lam=lam, batch_size=cfg.batch_size,
+                       steps_per_update=cfg.steps_per_update, seq_len=cfg.seq_len)  # fmt: skip
+
+
 def adapt(
     setup: Setup,
     drafter: Transformer,
@@ -168,36 +180,19 @@ def adapt(
     cfg: TableConfig,
     lam: float,
 ) -> tuple[list[float], int]:
-    """Online phase: decode each prompt with the distiller as observer, update after each.
-
-    Returns (acceptance per prompt, optimiser steps taken)."""
-    buf = ReplayBuffer(256, policy=BufferPolicy.FIFO, max_context=cfg.seq_len)
-    dist = OnlineDistiller(
-        drafter,
-        setup.mapper,
-        lr=cfg.lr,
-        lam=lam,
-        batch_size=cfg.batch_size,
-        steps_per_update=cfg.steps_per_update,
-        seq_len=cfg.seq_len,
-        buffer=buf,
-    )
-    dec = _decoder(setup, drafter, cfg)
-    trace, steps = [], 0
-    for p in prompts:
-        _, st = dec.generate(p, observer=dist)
-        trace.append(st.acceptance_rate)
-        steps += dist.update().steps
-    return trace, steps
+    """Online phase (``distill.adapt.adapt_stream``): decode each prompt with the learner as
+    observer, update after each. Returns (acceptance per prompt, optimiser steps taken)."""
+    dist = make_distiller(drafter, setup.mapper, adapt_config(cfg, lam))
+    report = adapt_stream(_decoder(setup, drafter, cfg), dist, prompts)
+    return report.acceptance, report.optimizer_steps
 
 
 def adapt_onnx(
     setup: Setup, drafter: Transformer, prompts: list[list[int]], cfg: TableConfig, workdir: Path
 ) -> int:
-    """Online phase through the exported functional ONNX train step (plain SGD, B = 1).
-
-    Same observer/buffer/row construction as ``adapt``; each update runs ``steps_per_update *
-    batch_size`` single-example SGD steps in ONNX Runtime, then publishes the weights."""
+    """The same loop, each update through the exported functional ONNX train step (plain SGD,
+    B = 1, ``--sgd-lr``): ``steps_per_update * batch_size`` single-example steps in ONNX Runtime,
+    then the weights are loaded into the decoder's drafter."""
     import onnxruntime as ort  # noqa: PLC0415
     from omnidraft_deploy.exporters.training_graph import (  # noqa: PLC0415
         TrainStepConfig,
@@ -205,26 +200,28 @@ def adapt_onnx(
         run_onnx_step,
     )
 
+    acfg = adapt_config(cfg, cfg.lam, sgd=True)
     path = export_onnx_train_step(
         drafter, TrainStepConfig(seq_len=cfg.seq_len, topk=8), workdir / "drafter_train_step.onnx"
     )
     sess = ort.InferenceSession(str(path))
-    buf = ReplayBuffer(256, max_context=cfg.seq_len)
-    dist = OnlineDistiller(
-        drafter, setup.mapper, lam=cfg.lam, batch_size=1, seq_len=cfg.seq_len, buffer=buf
-    )
-    dec = _decoder(setup, drafter, cfg)
+    dist = make_distiller(drafter, setup.mapper, acfg)
     params = {n: p.detach().clone() for n, p in drafter.named_parameters()}
-    steps = 0
-    for p in prompts:
-        dec.generate(p, observer=dist)
-        for _ in range(cfg.steps_per_update * cfg.batch_size):
+
+    def onnx_update() -> int:
+        nonlocal params
+        steps = 0
+        for _ in range(acfg.steps_per_update):
             batch, dm_rows, spans = dist.make_batch(dist.buffer.sample(1))
             if dm_rows or spans:
-                _, params = run_onnx_step(sess, params, batch, lr=cfg.sgd_lr, lam=cfg.lam)
+                _, params = run_onnx_step(sess, params, batch, lr=acfg.lr, lam=acfg.lam)
                 steps += 1
         drafter.load_state_dict(params, strict=False)
-    return steps
+        return steps
+
+    return adapt_stream(
+        _decoder(setup, drafter, cfg), dist, prompts, update=onnx_update
+    ).optimizer_steps
 
 
 def run_table(setup: Setup, cfg: TableConfig) -> dict[str, dict[str, dict[str, float]]]:
@@ -348,8 +345,10 @@ def parse_args(argv: list[str] | None = None) -> TableConfig:
         lr=a.lr,
         steps_per_update=a.steps_per_update,
         out_dir=a.out_dir,
+        onnx_row=not a.no_onnx_row,
+        sgd_lr=a.sgd_lr,
         drift=() if a.no_drift else TableConfig.drift,
-    )  # type: ignore[arg-type]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

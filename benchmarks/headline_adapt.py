@@ -35,13 +35,13 @@ from typing import Any
 
 import torch
 
+from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import build_corpus, split
-from omnidraft_deploy.distill.online import OnlineDistiller, ReplayBuffer
-from omnidraft_deploy.distill.pretrain import get_pretrain_config, load_pretrained
+from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.presets import ModelSpec, get_preset
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.reference.hf_adapter import load_preset_weights
+from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import (
@@ -62,7 +62,7 @@ RunFn = Callable[[list[int]], tuple[list[int], DecodeStats]]
 
 def _prompts(n: int, prompt_tokens: int) -> list[list[int]]:
     tok = load_tokenizer("qwen2")
-    pcfg = get_pretrain_config(DRAFTER)
+    pcfg = pretrain_config(get_preset(DRAFTER))
     _, held = split(build_corpus(pcfg.data), pcfg.data.heldout_frac)
     docs = [tok.encode(d) for d in held["code"]]
     return [d[:prompt_tokens] for d in docs if len(d) > prompt_tokens + 8][:n]
@@ -254,8 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     from omnidraft_deploy.assets import cache_root
 
-    target, _ = load_preset_weights(TARGET, max_seq_len=a.max_seq_len)
-    drafter = load_pretrained(DRAFTER)
+    t_spec, d_spec = get_preset(TARGET), get_preset(DRAFTER)  # resolved once
+    target = load_model(t_spec, max_seq_len=a.max_seq_len)
+    drafter = load_model(d_spec)
     mapper = build_mapper(load_tokenizer("llama2"), load_tokenizer("qwen2"))
     cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size)
     pool = _prompts(10_000, 48)  # every held-out code document long enough (88)
@@ -282,11 +283,10 @@ def main(argv: list[str] | None = None) -> None:
 
         work = cache_root() / "headline"
         tpath, tinfo = _onnx_graph(
-            target, get_preset(TARGET), work / f"qwen2.5-0.5b-fp32-s{a.max_seq_len}.onnx"
+            target, t_spec, work / f"qwen2.5-0.5b-fp32-s{a.max_seq_len}.onnx"
         )
-        dspec = get_pretrain_config(DRAFTER).spec()
         (work / "drafter-before.onnx").unlink(missing_ok=True)  # small: exported fresh every run
-        dpath, dinfo = _onnx_graph(drafter, dspec, work / "drafter-before.onnx", swappable=True)
+        dpath, dinfo = _onnx_graph(drafter, d_spec, work / "drafter-before.onnx", swappable=True)
         target_lm: CausalLM = OrtModel(tpath, tinfo)
         before_lm: CausalLM = OrtModel(dpath, dinfo)
         del target  # the eager 0.5B model is not needed beside its ONNX twin
@@ -294,27 +294,13 @@ def main(argv: list[str] | None = None) -> None:
         target_lm, before_lm = EagerLM(target), EagerLM(drafter)
 
     adapt_cache = NGramCache()
-    dist = OnlineDistiller(
-        adapted,
-        mapper,
-        lr=a.lr,
-        optimizer=a.optimizer,
-        lam=1.0,
-        batch_size=a.batch_size,
-        steps_per_update=a.steps_per_update,
-        seq_len=96,
-        buffer=ReplayBuffer(256, max_context=96),
-    )
+    acfg = AdaptConfig(lr=a.lr, lam=1.0, batch_size=a.batch_size,
+                       steps_per_update=a.steps_per_update, optimizer=a.optimizer, seq_len=96)  # fmt: skip
     dec = SpeculativeDecoder(
         target_lm, EagerLM(adapted), mapper, make_policy(a.policy, 4), adapt_cache, config=cfg
     )
-    t0, trace = time.perf_counter(), []
-    for i, p in enumerate(adapt_p):
-        _, st = dec.generate(p, observer=dist)
-        trace.append(st.acceptance_rate)
-        dist.update()
-        log.info("adapt prompt %d/%d: acceptance %.3f", i + 1, len(adapt_p), st.acceptance_rate)
-    res["adapt_wall_s"], res["adapt_acceptance_trace"] = time.perf_counter() - t0, trace
+    report = adapt_stream(dec, make_distiller(adapted, mapper, acfg), adapt_p)
+    res["adapt_wall_s"], res["adapt_acceptance_trace"] = report.seconds, report.acceptance
 
     if a.runtime == "ort":
         probe = [1] + load_tokenizer("llama2").encode("def main():\n    return 0")

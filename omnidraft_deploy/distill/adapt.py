@@ -80,18 +80,21 @@ def adapt_stream(
     distiller: OnlineDistiller,
     prompts: Sequence[list[int]],
     *,
+    update: Callable[[], int] | None = None,
     publish: Callable[[Transformer], None] | None = None,
 ) -> AdaptReport:
-    """Generate each prompt (target ids) with ``distiller`` observing, ``update()`` after each.
+    """Generate each prompt (target ids) with ``distiller`` observing, update after each.
 
     ``decoder``'s drafter must run ``distiller.drafter`` (e.g. ``EagerLM`` of it), so each prompt
-    drafts with the weights learned so far. Returns the acceptance per prompt.
+    drafts with the weights learned so far. ``update`` replaces the PyTorch step
+    (``distiller.update``), e.g. by an exported train step that then loads the weights into
+    ``distiller.drafter``; it returns the optimiser steps it took. Returns the acceptance per prompt.
     """
     t0, trace, steps = time.perf_counter(), [], 0
     for i, prompt in enumerate(prompts):
         _, stats = decoder.generate(prompt, observer=distiller)
         trace.append(stats.acceptance_rate)
-        steps += distiller.update().steps
+        steps += update() if update is not None else distiller.update().steps
         log.info("adapt %d/%d: acceptance %.3f", i + 1, len(prompts), stats.acceptance_rate)
     if publish is not None:
         publish(distiller.drafter)

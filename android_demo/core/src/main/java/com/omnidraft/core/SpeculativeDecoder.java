@@ -1,0 +1,160 @@
+package com.omnidraft.core;
+
+/**
+ * The speculative decoding loop (speculative/decoder.py): draft -> map -> verify -> commit. It
+ * handles target-vocabulary ids only; the drafter's vocabulary lives behind CrossVocabDrafter and
+ * VocabMap. Target KV invariant: after every step the target cache holds committed[:-1]; the next
+ * call feeds [committed[-1], proposals...] at position committed.size() - 1.
+ */
+public final class SpeculativeDecoder {
+    /** Frozen decoding configuration (DecodeConfig). */
+    public static final class Config {
+        public final boolean exact; // false: greedy
+        public final double temperature; // 0 for greedy, > 0 for exact
+        public final int maxNewTokens;
+        public final int[] eosIds;
+        public final int vocabLimit; // logits at ids >= this are ignored (padded rows); <= 0: none
+
+        public Config(boolean exact, double temperature, int maxNewTokens, int[] eosIds, int vocabLimit) {
+            if (exact != (temperature > 0)) {
+                throw new IllegalArgumentException("mode " + (exact ? "exact" : "greedy") + " needs temperature "
+                        + (exact ? "> 0" : "== 0") + ", got " + temperature);
+            }
+            if (maxNewTokens < 1) {
+                throw new IllegalArgumentException("max_new_tokens must be >= 1, got " + maxNewTokens);
+            }
+            this.exact = exact;
+            this.temperature = temperature;
+            this.maxNewTokens = maxNewTokens;
+            this.eosIds = eosIds.clone();
+            this.vocabLimit = vocabLimit;
+        }
+    }
+
+    /** Sees the ids each verification step hands to the caller (for streaming). */
+    public interface Listener {
+        void onTokens(int[] newIds, Stats stats);
+    }
+
+    private final CausalLm target;
+    private final CrossVocabDrafter drafter;
+    private final Config cfg;
+
+    public SpeculativeDecoder(CausalLm target, CausalLm drafterLm, VocabMap map, DraftLenPolicy policy,
+                              NGramCache cache, Config cfg, int drafterBos) {
+        this.target = target;
+        this.cfg = cfg;
+        this.drafter = new CrossVocabDrafter(drafterLm, map, policy, cfg.exact, cfg.temperature,
+                target.vocabSize(), cache, drafterBos);
+    }
+
+    public CrossVocabDrafter drafter() {
+        return drafter;
+    }
+
+    /** Up to maxNewTokens target ids after promptIds (cut after the first EOS, which is kept). */
+    public int[] generate(int[] promptIds, Uniforms uniforms, Stats stats, Listener listener) {
+        if (promptIds.length == 0) {
+            throw new IllegalArgumentException("prompt_ids must hold at least one token");
+        }
+        long t0 = System.nanoTime();
+        drafter.reset(promptIds);
+        drafter.calls = 0;
+        IntList committed = new IntList(promptIds);
+        IntList out = new IntList();
+        if (committed.size() > 1) { // prefill all but the last prompt token
+            target.forward(committed.slice(0, committed.size() - 1), 0);
+            stats.targetCalls++;
+        }
+        while (true) {
+            CrossVocabDrafter.Proposal prop = drafter.propose(uniforms);
+            int room = target.maxSeqLen() - committed.size();
+            int nProp = Math.max(0, Math.min(prop.targetIds.length, room - 1));
+            int[] feed = new int[nProp + 1];
+            feed[0] = committed.get(committed.size() - 1);
+            System.arraycopy(prop.targetIds, 0, feed, 1, nProp);
+            float[][] logits = limit(target.forward(feed, committed.size() - 1), cfg.vocabLimit);
+            stats.targetCalls++;
+            int[] proposals = java.util.Arrays.copyOf(prop.targetIds, nProp);
+            int[] verdict = verify(proposals, prop, logits, uniforms);
+            int nAcc = verdict[0];
+            int[] newIds = java.util.Arrays.copyOf(proposals, nAcc + 1);
+            newIds[nAcc] = verdict[1];
+            int before = out.size();
+            boolean done = finish(out, newIds);
+            int[] kept = out.slice(before, out.size());
+            drafter.commit(prop, nAcc, verdict[1]);
+            stats.record(prop.merged, nProp, nAcc, prop.nDrafted);
+            if (listener != null && kept.length > 0) {
+                listener.onTokens(kept, stats);
+            }
+            committed.addAll(newIds);
+            if (done || committed.size() >= target.maxSeqLen()) {
+                break;
+            }
+        }
+        stats.generated += out.size();
+        stats.drafterCalls += drafter.calls;
+        stats.wallNanos += System.nanoTime() - t0;
+        return out.toArray();
+    }
+
+    private int[] verify(int[] proposals, CrossVocabDrafter.Proposal prop, float[][] logits, Uniforms uniforms) {
+        if (!cfg.exact) {
+            return Verify.greedy(proposals, logits);
+        }
+        float[][] probs = new float[logits.length][];
+        for (int i = 0; i < logits.length; i++) {
+            probs[i] = Sampling.logitsToProbs(logits[i], cfg.temperature);
+        }
+        float[] q = java.util.Arrays.copyOf(prop.q, proposals.length);
+        float[][] rows = prop.rows == null ? null : java.util.Arrays.copyOf(prop.rows, proposals.length);
+        return Verify.rejection(proposals, q, rows, probs, uniforms);
+    }
+
+    /**
+     * Appends newIds to out up to the first EOS (kept, even past maxNewTokens, as decoder._finish
+     * does), else cuts at maxNewTokens; true when generation is done.
+     */
+    private boolean finish(IntList out, int[] newIds) {
+        for (int t : newIds) {
+            out.add(t);
+            for (int e : cfg.eosIds) {
+                if (t == e) {
+                    return true;
+                }
+            }
+        }
+        out.truncate(cfg.maxNewTokens);
+        return out.size() >= cfg.maxNewTokens;
+    }
+
+    /**
+     * Refuses NaN / +inf logits and rows that are all -inf (a broken graph would otherwise decode
+     * as token 0 in every path), then masks ids >= limit (padded vocabulary rows) to -inf.
+     */
+    static float[][] limit(float[][] logits, int limit) {
+        for (int r = 0; r < logits.length; r++) {
+            boolean allNegInf = true;
+            for (float v : logits[r]) {
+                if (Float.isNaN(v) || v == Float.POSITIVE_INFINITY) {
+                    throw new ArithmeticException("the target returned non-finite logits (NaN/inf) in row " + r
+                            + " of this call: an overflow in the model or a broken graph; refusing to decode");
+                }
+                allNegInf &= v == Float.NEGATIVE_INFINITY;
+            }
+            if (allNegInf) {
+                throw new ArithmeticException("the target returned a row of -inf logits (row " + r + ")");
+            }
+        }
+        if (limit <= 0 || logits.length == 0 || limit >= logits[0].length) {
+            return logits;
+        }
+        float[][] out = new float[logits.length][];
+        for (int r = 0; r < logits.length; r++) {
+            out[r] = logits[r].clone();
+            java.util.Arrays.fill(out[r], limit, out[r].length, Float.NEGATIVE_INFINITY);
+        }
+        return out;
+    }
+}

@@ -6,8 +6,8 @@
   cut into chunks at top-level blank lines.
 - ``instruction``: ``User: What does `mod.func` do? Assistant: <docstring summary>`` pairs built
   from stdlib docstrings (parsed with ``ast``, nothing is imported).
-- ``summarisation``: ``Summarize ... Text: <long docstring or package README> Summary: <first
-  sentence>`` built from stdlib module docstrings and installed packages' ``METADATA`` text.
+- ``summarisation``: ``Summarize ... Text: <long docstring> Summary: <first sentence>`` built from
+  stdlib module docstrings (and installed packages' ``METADATA`` text with ``package_docs``).
 
 Every document is assigned to train or held-out by a hash of its text (stable across runs), and
 ``corpus_hash`` fingerprints the exact texts so caches keyed by it change when the data does
@@ -38,6 +38,10 @@ class DataConfig:
     max_chars: int = 1500  # chunk / document length cap (characters)
     heldout_frac: float = 0.1
     seed: int = 0
+    # installed packages' METADATA prose in `summarisation`: it varies with the environment (pip's
+    # version, a stale egg-info in the working folder, this project's README), so a fresh clone's
+    # corpus hash and the pretraining cache key would differ; off: the corpus is the stdlib's only
+    package_docs: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.heldout_frac < 1:
@@ -171,7 +175,7 @@ def build_corpus(cfg: DataConfig = DataConfig()) -> dict[str, list[str]]:
             )
             if len(doc) > 300:
                 corpus["summarisation"].append(_summary_doc(doc[: cfg.max_chars], summary))
-    for text in _package_texts(cfg.max_chars):
+    for text in _package_texts(cfg.max_chars) if cfg.package_docs else []:
         corpus["summarisation"].append(_summary_doc(text, _first_sentence(text)))
     return corpus
 

@@ -38,6 +38,7 @@ class Source(StrEnum):
     HF = "hf"  # Hugging Face folder / hub id (hf_id)
     GGUF = "gguf"  # pinned GGUF asset (gguf_asset), dequantised, safetensors copy cached
     PRETRAIN = "pretrain"  # trained by distill.pretrain on the offline corpus, cached
+    EARLY_EXIT = "early_exit"  # first n_layers of a parent, distilled by distill.offline, cached
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,31 @@ class PretrainSchedule:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.lr <= 0 or self.seq_len < 2 or self.warmup < 0:
             raise ValueError(f"bad pretrain schedule {self}")
+
+
+@dataclass(frozen=True)
+class EarlyExitRecipe:
+    """How ``distill.offline`` builds an ``early_exit`` preset: the first ``n_layers`` of ``parent``
+    (plus its final norm and lm_head), distilled against ``target``'s top-k on the offline corpus
+    with the hybrid loss (embeddings / tied lm_head frozen). CPU minutes, cached."""
+
+    parent: str  # preset whose first layers are kept
+    target: str  # preset whose top-k distributions are distilled
+    windows_per_task: int = 40  # target-token windows per corpus task (top-k precomputed once)
+    window: int = 128  # target tokens per window
+    topk: int = 8
+    steps: int = 160  # optimiser steps (AdamW, warmup + cosine)
+    batch_size: int = 4  # windows per step
+    lr: float = 2e-4
+    warmup: int = 10
+    lam: float = 1.0  # L_DM + lam * L_Ngram
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.windows_per_task, self.steps, self.batch_size, self.topk) < 1 or self.lr <= 0:
+            raise ValueError(f"bad early-exit recipe {self}")
+        if self.window < 2 or self.lam < 0 or self.warmup < 0:
+            raise ValueError(f"bad early-exit recipe {self}")
 
 
 @dataclass(frozen=True)
@@ -80,9 +106,11 @@ class ModelSpec:
     tiny_of: str | None = None  # for tiny presets: the real preset this one mirrors
     source: Source = Source.HF  # where the weights come from (module docstring)
     pretrain: PretrainSchedule | None = None  # the schedule of a pretrain-source preset
+    early_exit: EarlyExitRecipe | None = None  # the recipe of an early_exit-source preset
 
     def __post_init__(self) -> None:
-        need = {Source.HF: self.hf_id, Source.GGUF: self.gguf_asset, Source.PRETRAIN: self.pretrain}
+        need = {Source.HF: self.hf_id, Source.GGUF: self.gguf_asset, Source.PRETRAIN: self.pretrain,
+                Source.EARLY_EXIT: self.early_exit}  # fmt: skip
         if self.source in need and need[self.source] is None:
             raise ValueError(f"{self.name}: source {self.source.value} needs its field set")
         for field in (
@@ -119,7 +147,8 @@ class ModelSpec:
     def weights_from(self) -> str:
         """Where the weights come from, in words (``omnidraft presets``)."""
         where = {Source.RANDOM: f"random twin of {self.tiny_of}", Source.HF: self.hf_id,
-                 Source.GGUF: f"GGUF {self.gguf_asset}", Source.PRETRAIN: "distill.pretrain"}  # fmt: skip
+                 Source.GGUF: f"GGUF {self.gguf_asset}", Source.PRETRAIN: "distill.pretrain",
+                 Source.EARLY_EXIT: f"distill.offline of {self.early_exit and self.early_exit.parent}"}  # fmt: skip
         return f"{self.source.value}: {where[self.source]}"
 
     def n_params(self) -> int:
@@ -297,19 +326,34 @@ def _trained(name: str, role: Role, family: Family, tokenizer: str, vocab: int, 
                      pretrain=PretrainSchedule(steps=steps, seed=seed))  # fmt: skip
 
 
-# Trained here on the offline corpus (distill.data), one torch thread: drafter ~2.5 min, each
-# target 5000 steps ~15 min; cached under <cache>/pretrained keyed by config + data hash.
+# Trained here on the offline corpus (distill.data), one torch thread on an idle 2-core machine:
+# drafter ~2.5 min, the demo target (2000 steps) ~7 min, each benchmark target (5000 steps) ~15
+# min; cached under <cache>/pretrained keyed by config + data hash.
 _TRAINED: tuple[ModelSpec, ...] = (
     _trained("trained-llama2-drafter", Role.DRAFTER, Family.LLAMA, "llama2", 32000,
              small=True, rope=1e4, steps=2000, seed=0),
+    _trained("trained-llama3-demo", Role.TARGET, Family.LLAMA, "llama3", 128256,
+             small=False, rope=5e5, steps=2000, seed=1),
     _trained("trained-llama3-target", Role.TARGET, Family.LLAMA, "llama3", 128256,
              small=False, rope=5e5, steps=5000, seed=1),
     _trained("trained-qwen2-target", Role.TARGET, Family.QWEN2, "qwen2", 152064,
              small=False, rope=1e6, steps=5000, seed=2),
 )  # fmt: skip
 
+
+def _early_exit(parent: ModelSpec, n_layers: int, target: str) -> ModelSpec:
+    """The first ``n_layers`` of ``parent`` as a drafter, distilled against ``target``."""
+    return dataclasses.replace(
+        parent, name=f"{parent.name.split('-')[0]}-ee{n_layers}", n_layers=n_layers, hf_id=None,
+        gguf_asset=None, source=Source.EARLY_EXIT, early_exit=EarlyExitRecipe(parent.name, target),
+    )  # fmt: skip
+
+
+# Early-exit SmolLM2 drafter (issue 9): 8 of 30 layers, 56M params, for the Qwen2.5-0.5B target.
+_EARLY_EXIT: tuple[ModelSpec, ...] = (_early_exit(_REAL_SMALL[0], 8, "qwen2.5-0.5b"),)
+
 PRESETS: dict[str, ModelSpec] = {
-    s.name: s for s in (*_REAL, *_REAL_SMALL, *(_tiny(r) for r in _REAL), *_TRAINED)
+    s.name: s for s in (*_REAL, *_REAL_SMALL, *(_tiny(r) for r in _REAL), *_TRAINED, *_EARLY_EXIT)
 }
 
 DEFAULT_DRAFTER = "tiny-llama-68m"

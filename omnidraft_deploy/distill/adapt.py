@@ -62,17 +62,9 @@ class AdaptReport:
 def make_distiller(drafter: Transformer, mapper: MapperLike, cfg: AdaptConfig) -> OnlineDistiller:
     """The learner for ``drafter`` (its weights are updated in place by every ``update()``)."""
     buffer = ReplayBuffer(cfg.buffer_size, policy=cfg.buffer_policy, max_context=cfg.seq_len)
-    return OnlineDistiller(
-        drafter,
-        mapper,
-        lr=cfg.lr,
-        lam=cfg.lam,
-        batch_size=cfg.batch_size,
-        steps_per_update=cfg.steps_per_update,
-        optimizer=cfg.optimizer,
-        seq_len=cfg.seq_len,
-        buffer=buffer,
-    )
+    return OnlineDistiller(drafter, mapper, lr=cfg.lr, lam=cfg.lam, batch_size=cfg.batch_size,
+                           steps_per_update=cfg.steps_per_update, optimizer=cfg.optimizer,
+                           seq_len=cfg.seq_len, buffer=buffer)  # fmt: skip
 
 
 def adapt_stream(

@@ -12,7 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
+from omnidraft_deploy.runtime.bundle import (
+    SESSION_CACHE,
+    OpenBundle,
+    load_session_cache,
+    open_bundle,
+)
 
 from omnidraft_deploy.manifest import write_bytes_atomic
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
@@ -31,7 +36,7 @@ from omnidraft_deploy.speculative.decoder import (
 from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
 from omnidraft_deploy.speculative.stats import DecodeStats
 
-SESSION_CACHE = "ngram_cache.session.bin"
+__all__ = ["SESSION_CACHE"]  # re-exported: tests and the CLI import it from here
 
 
 def graph_parity(
@@ -50,9 +55,9 @@ def _eager_target(bundle: OpenBundle) -> EagerLM:
     return EagerLM(
         load_model(
             get_preset(info.preset),
-            seed=int(extras.get("seed", 0)),
+            seed=extras["seed"] if type(extras.get("seed")) is int else 0,  # tiny twins only
             max_seq_len=info.max_seq_len,
-            weights=extras.get("target_model"),
+            weights=None,  # extras are informational: never a path or hub id to load
         )
     )
 
@@ -130,14 +135,7 @@ def run_bundle(
     """
     bundle = open_bundle(bundle_dir, provider=provider)
     session = Path(bundle_dir) / SESSION_CACHE
-    if session.is_file():
-        from omnidraft_deploy.ngram.format import load as load_ngram
-
-        bundle.ngram_cache, _ = load_ngram(
-            session,
-            expect_draft_vocab=bundle.mapper.draft_vocab_size,
-            expect_target_vocab=bundle.mapper.target_vocab_size,
-        )
+    bundle.ngram_cache = load_session_cache(bundle.root, bundle.mapper, bundle.ngram_cache)
     dec = _decoder(bundle, max_new_tokens)
     out, stats = dec.generate(prompt_ids, observer=observer)
     write_bytes_atomic(

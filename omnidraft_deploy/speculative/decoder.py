@@ -11,6 +11,7 @@ at the new ``len(committed) - 1`` and overwrites them (static cache, position-ma
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from omnidraft_deploy.speculative.stats import DecodeStats
 from omnidraft_deploy.speculative.verify import verify, verify_greedy
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
+log = logging.getLogger(__name__)
 Observer = Callable[[list[int], list[int], Tensor, Tensor], None]
 """observe(context_ids, new_ids, topk_ids (n, k), topk_probs (n, k)) after every step."""
 
@@ -78,6 +80,32 @@ def _finish(new_ids: list[int], cfg: DecodeConfig) -> tuple[list[int], bool]:
     return new_ids[: cfg.max_new_tokens], len(new_ids) >= cfg.max_new_tokens
 
 
+def check_prompt(prompt_ids: list[int], vocab: int, capacity: int) -> None:
+    """Refuse a prompt the target cannot read: empty, an id outside ``[0, vocab)`` (-1 included:
+    it would index from the end), or longer than the target's KV capacity."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids must hold at least one token")
+    bad = [t for t in prompt_ids if isinstance(t, bool | float) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt ids {bad[:5]} are outside the target vocabulary [0, {vocab})")
+    if len(prompt_ids) > capacity:
+        raise ValueError(
+            f"a prompt of {len(prompt_ids)} tokens does not fit the target's capacity of "
+            f"{capacity} tokens (max_seq_len); shorten it or export with a larger --max-seq-len"
+        )
+
+
+def _capacity_note(stats: DecodeStats, n_out: int, cfg: DecodeConfig, ended_eos: bool) -> None:
+    """Say when the KV capacity, not max_new_tokens or EOS, ended the generation."""
+    if not ended_eos and n_out < cfg.max_new_tokens:
+        stats.stopped_by_capacity = True
+        log.warning(
+            "stopped after %d of %d new tokens: the target's KV capacity (max_seq_len) is full",
+            n_out,
+            cfg.max_new_tokens,
+        )
+
+
 def generate_target_only(
     target: CausalLM,
     prompt_ids: list[int],
@@ -85,6 +113,7 @@ def generate_target_only(
     generator: torch.Generator | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Plain autoregressive decoding with the target: the reference the speculative path must match."""
+    check_prompt(prompt_ids, cfg.vocab_limit or target.vocab_size, target.max_seq_len)
     stats, t0 = DecodeStats(), time.perf_counter()
     out: list[int] = []
     feed, pos = list(prompt_ids), 0
@@ -102,6 +131,7 @@ def generate_target_only(
         out.append(tok)
         out, done = _finish(out, cfg)
         if done or pos >= target.max_seq_len:
+            _capacity_note(stats, len(out), cfg, done and len(out) < cfg.max_new_tokens)
             break
         feed = [tok]
     stats.n_generated, stats.wall_s = len(out), time.perf_counter() - t0
@@ -154,8 +184,8 @@ class SpeculativeDecoder:
         observer: Observer | None = None,
     ) -> tuple[list[int], DecodeStats]:
         """Generate up to ``max_new_tokens`` target ids after ``prompt_ids`` (target ids)."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids must hold at least one token")
+        cap = self.target.max_seq_len
+        check_prompt(prompt_ids, self.cfg.vocab_limit or self.target.vocab_size, cap)
         cfg, stats, t_start = self.cfg, DecodeStats(), time.perf_counter()
         self.drafter.reset(prompt_ids)
         self.drafter.seconds, self.drafter.calls = 0.0, 0
@@ -167,8 +197,8 @@ class SpeculativeDecoder:
             stats.target_calls += 1
         while True:
             prop = self.drafter.propose(generator)
-            room = self.target.max_seq_len - len(committed)
-            n_prop = max(0, min(len(prop.target_ids), room - 1))
+            room = cap - len(committed)  # the feed may reach position cap - 1, as target-only
+            n_prop = max(0, min(len(prop.target_ids), room))
             feed = [committed[-1], *prop.target_ids[:n_prop]]
             t0 = time.perf_counter()
             logits = self.target.forward(torch.tensor(feed, dtype=torch.long), len(committed) - 1)
@@ -192,7 +222,8 @@ class SpeculativeDecoder:
             self._record(stats, prop.merged[:n_prop], n_acc, prop.n_drafted)
             committed += new_ids
             out = out_next
-            if done or len(committed) >= self.target.max_seq_len:
+            if done or len(committed) > cap:
+                _capacity_note(stats, len(out), cfg, done and len(out) < cfg.max_new_tokens)
                 break
         stats.n_generated = len(out)
         stats.drafter_s, stats.drafter_calls = self.drafter.seconds, self.drafter.calls

@@ -20,6 +20,7 @@ class DecodeStats:
     drafter_s: float = 0.0
     overhead_s: float = 0.0  # mapping, n-gram cache, verification maths
     wall_s: float = 0.0
+    stopped_by_capacity: bool = False  # the KV capacity ended it before max_new_tokens / EOS
 
     @property
     def acceptance_rate(self) -> float:

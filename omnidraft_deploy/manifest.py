@@ -128,15 +128,9 @@ class GraphInfo:
 
     def validate(self, where: str) -> None:
         """Types and ranges of this section alone; ``Manifest.validate`` does the cross-checks."""
-        from omnidraft_deploy.presets import get_preset
-
         check_relpath(f"{where}.file", self.file)
-        try:
-            spec = get_preset(_str(f"{where}.preset", self.preset))
-        except KeyError:
-            raise ValueError(f"field {where}.preset: unknown preset {self.preset!r}") from None
-        _str(f"{where}.family", self.family, [spec.family.value])
-        _str(f"{where}.tokenizer", self.tokenizer, [spec.tokenizer])
+        for name in ("preset", "family", "tokenizer"):
+            _str(f"{where}.{name}", getattr(self, name))
         _int(f"{where}.vocab_size", self.vocab_size, 1, 1 << 24)
         _int(f"{where}.max_seq_len", self.max_seq_len, 8, 131072)
         if self.seq_len is not None:
@@ -228,6 +222,14 @@ class Manifest:
                 f"field {where}.file: {g.file!r} is not listed as {role}_graph in files"
             )
         _str(f"{where}.quantization", g.quantization, recipe_names(self.backend))
+        from omnidraft_deploy.presets import get_preset
+
+        try:
+            spec = get_preset(g.preset)
+        except KeyError:
+            raise ValueError(f"field {where}.preset: unknown preset {g.preset!r}") from None
+        _str(f"{where}.family", g.family, [spec.family.value])
+        _str(f"{where}.tokenizer", g.tokenizer, [spec.tokenizer])
         static = self.backend == "qnn"
         if static and g.seq_len != self.draft_len + 1:
             raise ValueError(f"field {where}.seq_len: {g.seq_len}, qnn graphs take draft_len + 1")

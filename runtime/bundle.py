@@ -1,28 +1,40 @@
 """Open an exported bundle: every check runs before any model does.
 
-Order: manifest (schema, format), every file's size and sha256, each graph's own metadata against
-the manifest (ONNX ``metadata_props`` / ``.pte`` constant methods), the vocabulary map and n-gram
-cache formats and their vocabulary sizes against the graphs and tokenizers. Each failure is a
-``BundleError`` naming the file and the problem.
+Order: manifest (schema, format, every section's ``validate()``), no symlink anywhere in the folder,
+every listed file's size and sha256, each graph's own metadata against the manifest (ONNX
+``metadata_props`` / ``.pte`` constant methods; ONNX external data must be a listed file), then the
+vocabulary map and n-gram cache, each read once through ``bundle_fs.read_listed`` (listed in the
+manifest with its role, size and sha256 checked on the very bytes parsed, size-capped) and checked
+against the graphs. Each failure is a ``BundleError`` naming the file and the problem. The session
+cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state, not part of the
+bundle: its CRC-32 is its checksum, and a damaged one falls back to the bundle's cache with a
+warning (``load_session_cache``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy.manifest import BundleError, GraphInfo, Manifest, verify_bundle
+from omnidraft_deploy.bundle_fs import open_plain, read_listed, read_plain
+from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, GraphInfo, Manifest, verify_bundle
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
-from omnidraft_deploy.ngram.format import load as load_ngram
+from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
+log = logging.getLogger(__name__)
 VOCAB_MAP, NGRAM_CACHE = "vocab_map.bin", "ngram_cache.bin"
+SESSION_CACHE = "ngram_cache.session.bin"
 ONNX_FORMAT_VERSION = "1"  # metadata_props "omnidraft.format_version" this reader understands
+MAX_VOCAB_MAP_BYTES = 64 << 20  # a 256k x 256k map with long spellings is ~10 MB
+MAX_NGRAM_BYTES = 64 << 20  # ~6M entries
+GRAPH_KEYS = ("vocab_size", "max_seq_len", "n_layers", "n_kv_heads", "head_dim", "seq_len")
 
 
 @dataclass
@@ -36,14 +48,23 @@ class OpenBundle:
     provider: str = "cpu"
 
 
-def check_onnx_metadata(path: Path, info: GraphInfo) -> None:
+def _onnx_proto(path: Path) -> object:
     import onnx
 
+    fd = open_plain(path.parent, path.name)
     try:
-        proto = onnx.load(str(path), load_external_data=False)
+        with open(fd, "rb", closefd=True) as f:
+            return onnx.load_model_from_string(f.read())
     except Exception as e:  # onnx raises DecodeError and others for foreign bytes
         raise BundleError(path, f"not a readable ONNX model ({type(e).__name__})") from None
-    meta = {p.key: p.value for p in proto.metadata_props}
+
+
+def check_onnx_metadata(
+    path: Path, info: GraphInfo, files: dict[str, object] | None = None
+) -> None:
+    """Graph metadata == ``info``; external data only in files the manifest lists (``files``)."""
+    proto = _onnx_proto(path)
+    meta = {p.key: p.value for p in proto.metadata_props}  # type: ignore[attr-defined]
     if "omnidraft.graph_info" not in meta:
         raise BundleError(path, "ONNX model has no omnidraft.graph_info metadata (foreign graph)")
     version = meta.get("omnidraft.format_version")
@@ -53,22 +74,40 @@ def check_onnx_metadata(path: Path, info: GraphInfo) -> None:
         )
     try:
         stored = json.loads(meta["omnidraft.graph_info"])
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise BundleError(path, f"omnidraft.graph_info metadata is not JSON ({e})") from None
-    for key in ("vocab_size", "max_seq_len", "n_layers", "n_kv_heads", "head_dim", "seq_len"):
+    if not isinstance(stored, dict):
+        raise BundleError(path, "omnidraft.graph_info metadata is not a JSON object")
+    for key in GRAPH_KEYS:
         if stored.get(key) != getattr(info, key):
             raise BundleError(
                 path,
                 f"graph metadata {key}={stored.get(key)} but manifest says {getattr(info, key)}",
             )
+    if files is not None:
+        _check_external_data(path, proto, files)
 
 
-def load_graph(root: Path, manifest: Manifest, role: str, *, provider: str = "cpu") -> RuntimeModel:
+def _check_external_data(path: Path, proto: object, files: dict[str, object]) -> None:
+    for init in proto.graph.initializer:  # type: ignore[attr-defined]
+        for kv in init.external_data:
+            if kv.key == "location" and kv.value not in files:
+                raise BundleError(
+                    path, f"initializer {init.name!r} reads {kv.value!r}, a file the manifest "
+                    "does not list",
+                )  # fmt: skip
+
+
+def check_graph(root: Path, manifest: Manifest, role: str) -> None:
+    """The graph's own metadata against the manifest, whatever the backend (before any session)."""
     info = manifest.graphs[role]
     path = root / info.file
     if path.suffix == ".onnx":
-        check_onnx_metadata(path, info)
-    return load_graph_file(path, info, provider=provider)
+        check_onnx_metadata(path, info, dict(manifest.files))
+    else:  # .pte (the manifest allows nothing else): constant methods, no execution of forward
+        from omnidraft_deploy.runtime.executorch_model import check_metadata, load_program
+
+        check_metadata(load_program(path), path, info)
 
 
 def load_model(
@@ -85,8 +124,9 @@ def load_model(
     manifest = verify_bundle(root)
     if role not in manifest.graphs:
         raise KeyError(f"unknown role {role!r}; choose from {sorted(manifest.graphs)}")
-    chosen = provider or default_provider(manifest)
-    return load_graph(root, manifest, role, provider=chosen)
+    check_graph(root, manifest, role)
+    info = manifest.graphs[role]
+    return load_graph_file(root / info.file, info, provider=provider or default_provider(manifest))
 
 
 def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> RuntimeModel:
@@ -96,9 +136,12 @@ def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> Ru
 
         return PteModel(path, info)
     if provider == "qnn":
-        from omnidraft_deploy.runtime.qnn_model import qnn_model
+        from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, qnn_model
 
-        return qnn_model(path, info)
+        try:
+            return qnn_model(path, info)
+        except QnnUnsupportedError as e:
+            raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     return OrtModel(path, info)
@@ -109,13 +152,16 @@ def default_provider(manifest: Manifest) -> str:
     return "qnn" if manifest.backend == "qnn" else "cpu"
 
 
-def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
-    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
-    root = Path(bundle_dir)
-    manifest = verify_bundle(root)
-    provider = provider or default_provider(manifest)
+def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache]:
+    """Vocabulary map and shipped n-gram cache, each listed, verified and checked vs the graphs."""
     d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
-    mapper = vocab_io.load(root / VOCAB_MAP)
+    data = read_listed(
+        root, VOCAB_MAP, manifest.files, role="vocab_map", max_bytes=MAX_VOCAB_MAP_BYTES
+    )
+    try:
+        mapper = vocab_io.from_bytes(data, source=str(root / VOCAB_MAP))
+    except ValueError as e:
+        raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
     if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
@@ -123,19 +169,51 @@ def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenB
             root / VOCAB_MAP,
             f"vocabulary sizes ({mapper.draft_vocab_size}, "
             f"{mapper.target_vocab_size}) exceed the graphs' ({d_info.vocab_size}, "
-            f"{t_info.vocab_size})",
+            f"{t_info.vocab_size}) in {MANIFEST_NAME} graphs.drafter/target.vocab_size",
         )
+    data = read_listed(
+        root, NGRAM_CACHE, manifest.files, role="ngram_cache", max_bytes=MAX_NGRAM_BYTES
+    )
     try:
-        cache, _ = load_ngram(
-            root / NGRAM_CACHE,
+        cache, _ = ngram_from_bytes(
+            data,
+            source=root / NGRAM_CACHE,
             expect_draft_vocab=mapper.draft_vocab_size,
             expect_target_vocab=mapper.target_vocab_size,
         )
     except NGramFormatError as e:
-        raise BundleError(root / NGRAM_CACHE, str(e)) from None
-    for info in (d_info, t_info):  # every graph's metadata before any session is created
-        if info.file.endswith(".onnx"):
-            check_onnx_metadata(root / info.file, info)
+        raise BundleError(root / NGRAM_CACHE, e.problem) from None
+    return mapper, cache
+
+
+def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> NGramCache:
+    """The session cache beside the bundle when it is sound, else ``shipped`` with a warning."""
+    path = root / SESSION_CACHE
+    if not path.exists() and not path.is_symlink():
+        return shipped
+    try:
+        data = read_plain(root, SESSION_CACHE, max_bytes=MAX_NGRAM_BYTES)
+        cache, _ = ngram_from_bytes(
+            data,
+            source=path,
+            expect_draft_vocab=mapper.draft_vocab_size,
+            expect_target_vocab=mapper.target_vocab_size,
+        )
+        return cache
+    except (BundleError, NGramFormatError) as e:
+        log.warning("%s; using the bundle's n-gram cache instead", e)
+        return shipped
+
+
+def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
+    root = Path(bundle_dir)
+    manifest = verify_bundle(root)
+    provider = provider or default_provider(manifest)
+    mapper, cache = load_tables(root, manifest)
+    for role in ("drafter", "target"):  # every graph's metadata before any session is created
+        check_graph(root, manifest, role)
+    d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
     drafter = load_graph_file(root / d_info.file, d_info, provider=provider)
     target = load_graph_file(root / t_info.file, t_info, provider=provider)
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

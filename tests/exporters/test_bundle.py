@@ -26,7 +26,7 @@ def _cfg(out: Path, backend: str = "onnx", **kw: Any) -> ExportConfig:
 
 def _check_bundle(out: Path, backend: str, graph_ext: str) -> None:
     manifest = verify_bundle(out)  # every file present with its sha256
-    assert manifest.backend == backend and manifest.mapping_hash == "m" * 8
+    assert manifest.backend == backend and manifest.mapping_hash == "ab" * 32
     for role, vocab in (("drafter", 32000), ("target", 128256)):
         g = manifest.graphs[role]
         assert g.file == f"{role}{graph_ext}" and g.vocab_size == vocab and g.max_seq_len == 32
@@ -50,7 +50,7 @@ def test_onnx_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) -> 
     pytest.importorskip("onnxruntime")
     out = tmp_path / "b"
     export_bundle(
-        _cfg(out), extra_files=EXTRA, tokenizer_dirs={"target": tok_dir}, mapping_hash="m" * 8,
+        _cfg(out), extra_files=EXTRA, tokenizer_dirs={"target": tok_dir}, mapping_hash="ab" * 32,
         eos_ids={"target": (128001,), "drafter": (2,)},
     )  # fmt: skip
     _check_bundle(out, "onnx", ".onnx")
@@ -65,7 +65,7 @@ def test_xnnpack_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) 
     out = tmp_path / "b"
     export_bundle(
         _cfg(out, "xnnpack"), extra_files=EXTRA, tokenizer_dirs={"target": tok_dir},
-        mapping_hash="m" * 8, eos_ids={"target": (128001,), "drafter": (2,)},
+        mapping_hash="ab" * 32, eos_ids={"target": (128001,), "drafter": (2,)},
     )  # fmt: skip
     _check_bundle(out, "xnnpack", ".pte")
     assert read_manifest(out).extras["target"]["xnnpack"]["op_coverage"]["delegated_nodes"] > 0
@@ -115,9 +115,11 @@ def test_failed_verification_publishes_nothing(
     monkeypatch.setitem(EXPORTERS, "onnx", quick)
     out = tmp_path / "bundle"
     with pytest.raises(ExportVerificationError, match="drafter.onnx: parity off"):
-        export_bundle(_cfg(out), extra_files=EXTRA, verify=bad_verify)
+        export_bundle(_cfg(out), extra_files=EXTRA, verify=bad_verify, mapping_hash="ab" * 32)
     assert list(tmp_path.iterdir()) == []
-    export_bundle(_cfg(out, verify=False), extra_files=EXTRA, verify=bad_verify)  # verify off
+    export_bundle(
+        _cfg(out, verify=False), extra_files=EXTRA, verify=bad_verify, mapping_hash="ab" * 32
+    )  # verify off
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["extras"]["verified"] is False and manifest["graphs"]["target"]["parity"] == {}
 

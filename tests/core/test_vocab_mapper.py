@@ -178,3 +178,102 @@ def test_corrupted_foreign_and_newer_are_rejected(tmp_path: Path) -> None:
     assert io.load(path).content_hash() == toy_mapper().content_hash()
     with pytest.raises(io.VocabMapFormatError, match="missing"):
         io.load(tmp_path / "nope.bin")
+
+
+# --- issue 15 reproducers and the drafter-context invariant ----------------------------------
+
+
+def _faithful(
+    mapper: VocabMapper, d_table: list[bytes], data: bytes, drafter_ids: list[int]
+) -> bool:
+    """The invariant: the drafter ids spell ``data`` with each byte no drafter token holds
+    replaced by the placeholder token's bytes."""
+    singles = {b for b in d_table if len(b) == 1}
+    ph = mapper.role_id(Role.PLACEHOLDER, "drafter")
+    ph_bytes = b"" if ph is None else d_table[ph]
+    want = b"".join(bytes([c]) if bytes([c]) in singles else ph_bytes for c in data)
+    return b"".join(d_table[i] for i in drafter_ids) == want
+
+
+def test_drafter_context_stays_byte_faithful_and_counts_the_loss() -> None:
+    from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+    from omnidraft_deploy.speculative.drafter import CrossVocabDrafter, Mode, Proposal
+
+    m = golden_mapper()
+    d_table = [b"</s>", b"<s>", b"a", b"b", b" ", b"ab", b"?"]
+    t_table = [b"<eos>", b"a", b"b", b" ", b"ab", b"\xff", b"a\xff", b"ba"]
+
+    class NoLM:  # the drafter's model is never called by reset/commit
+        vocab_size, max_seq_len = 7, 64
+
+        def forward(self, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+            raise AssertionError("not called")
+
+    drafter = CrossVocabDrafter(NoLM(), m, FixedDraftLen(2), mode=Mode.GREEDY, target_vocab=8)
+    prompt = [1, 6, 3, 5]  # a, a\xff, " ", \xff
+    drafter.reset(prompt)
+    assert drafter.draft_ids[0] == 1  # the drafter BOS stored in the map
+    assert _faithful(m, d_table, b"".join(t_table[t] for t in prompt), drafter.draft_ids[1:])
+    assert drafter.placeholder_bytes == 2
+    empty = Proposal([], torch.zeros(0), None, [], [], 0)
+    committed = list(prompt)
+    for nxt in (7, 5, 4):
+        drafter._drafts, drafter._fed_len = [], drafter.kv_len
+        drafter.commit(empty, 0, nxt)
+        committed.append(nxt)
+        spelled = b"".join(t_table[t] for t in committed)
+        assert _faithful(m, d_table, spelled, drafter.draft_ids[1:]), committed
+    assert drafter.placeholder_bytes == 3
+
+
+@pytest.fixture(scope="module")
+def smol_qwen(require_asset):  # type: ignore[no-untyped-def]
+    require_asset("smollm2-135m-gguf")
+    from omnidraft_deploy.vocab.build import build_mapper
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    d_tok, t_tok = load_tokenizer("smollm2"), load_tokenizer("qwen2")
+    return d_tok, t_tok, build_mapper(d_tok, t_tok)
+
+
+def test_reproducer_qwen25_added_tokens_translate(smol_qwen) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15: ``build_mapper(smollm2, qwen2).translate([151659])`` raised IndexError."""
+    d_tok, t_tok, m = smol_qwen
+    assert m.target_vocab_size == 151665
+    assert d_tok.decode(m.translate([151659])) == "<|fim_prefix|>"
+    for t in range(151646, 151665):  # tool-call, FIM, repo markers, vision: literal text
+        assert b"".join(d_tok.token_bytes(i) for i in m.target_to_draft(t)) == t_tok.token_bytes(t)
+    with pytest.raises(ValueError, match="outside the target vocabulary .* padding"):
+        m.translate([151665])  # a [PAD] row of the model: never a token
+
+
+def test_reproducer_special_tokens_map_by_meaning(smol_qwen) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15: SmolLM2's <|im_end|> mapped to Qwen's <|endoftext|>; Qwen's <|im_start|> was
+    spelled to the drafter as text."""
+    _, t_tok, m = smol_qwen
+    assert m.draft_to_target[[0, 1, 2]].tolist() == [151643, 151644, 151645]
+    assert [m.target_to_draft(t) for t in (151643, 151644, 151645)] == [[0], [1], [2]]
+    chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = m.translate(t_tok.encode(chat))
+    assert ids.count(1) == 2 and ids.count(2) == 1  # SmolLM2's own turn tokens
+
+
+def test_reproducer_unspellable_bytes_get_a_counted_placeholder(smol_qwen) -> None:  # type: ignore[no-untyped-def]
+    """Issue 15: 21 Qwen tokens need bytes SmolLM2 has no token for; they got an empty drafter
+    spelling with no signal."""
+    from omnidraft_deploy.vocab.build import unspellable_bytes, unspellable_target_ids
+
+    d_tok, t_tok, m = smol_qwen
+    missing = set(unspellable_bytes(d_tok))
+    assert {0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2} <= missing
+    blank = unspellable_target_ids(d_tok, t_tok)
+    assert len(blank) == 21 and sorted(m.placeholder_counts) == blank
+    d_table = d_tok.token_bytes_table()
+    assert d_table[m.role_id(Role.PLACEHOLDER, "drafter")] == "\ufffd".encode()
+    for t in blank:
+        assert m.target_to_draft(t), t  # never empty again
+        assert _faithful(m, d_table, t_tok.token_bytes(t), m.target_to_draft(t)), t
+    text = "tab\x04 and \x13 then ok"
+    ids = t_tok.encode(text)
+    assert _faithful(m, d_table, text.encode(), m.translate(ids))
+    assert sum(m.placeholder_bytes(t) for t in ids) == 2

@@ -8,6 +8,11 @@
 #        run_java_tests.sh cli ARGS...   compile, then run com.omnidraft.core.Cli (dump/rewrite/verify)
 # env:   OMNIDRAFT_JAVA_BUILD  output folder (default core/build/plain-java)
 #        JUNIT_JAR, HAMCREST_JAR  (default /usr/share/java/junit4.jar, hamcrest-core.jar)
+#        OMNIDRAFT_TRACES   golden traces folder (default tests/golden/traces)
+#        OMNIDRAFT_VECTORS  tokenizer vectors folder (default tests/golden/tokenizer_vectors)
+#        OMNIDRAFT_TOKENIZERS  folder of NAME/tokenizer.{json,model} (unset: those checks are skipped)
+#        OMNIDRAFT_MAPS     folder of DRAFTER--TARGET.vocab_map.bin for the tiny-pair traces
+#        (tests/e2e/test_android_java.py writes the last two from the Python tokenizers and mappers)
 # exit:  3 when javac or JUnit4 is missing.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -16,6 +21,8 @@ BUILD="${OMNIDRAFT_JAVA_BUILD:-$HERE/core/build/plain-java}"
 JUNIT="${JUNIT_JAR:-/usr/share/java/junit4.jar}"
 HAMCREST="${HAMCREST_JAR:-/usr/share/java/hamcrest-core.jar}"
 GOLDEN="$HERE/../tests/golden/ngram_v1.bin"
+TRACES="${OMNIDRAFT_TRACES:-$HERE/../tests/golden/traces}"
+VECTORS="${OMNIDRAFT_VECTORS:-$HERE/../tests/golden/tokenizer_vectors}"
 
 command -v javac >/dev/null || { echo "javac not found: apt-get install -y openjdk-17-jdk-headless" >&2; exit 3; }
 [ -f "$JUNIT" ] || { echo "JUnit4 not found at $JUNIT: apt-get install -y junit4" >&2; exit 3; }
@@ -41,7 +48,8 @@ case "${1:-test}" in
     exec java -cp "$BUILD/classes" com.omnidraft.core.Cli "$@" ;;
   test)
     classes=$(cd "$SRC/test/java" && find . -name '*Test.java' | sort | sed 's|^\./||; s|\.java$||; s|/|.|g')
-    exec java -Domnidraft.golden="$GOLDEN" -cp "$BUILD/classes:$JUNIT:$HAMCREST" \
+    exec java -Domnidraft.golden="$GOLDEN" -Domnidraft.traces="$TRACES" -Domnidraft.vectors="$VECTORS" \
+      -Domnidraft.tokenizers="${OMNIDRAFT_TOKENIZERS:-}" -Domnidraft.maps="${OMNIDRAFT_MAPS:-}" -cp "$BUILD/classes:$JUNIT:$HAMCREST" \
       org.junit.runner.JUnitCore $classes ;;
   *)
     echo "usage: $0 [test | build | cli ARGS...]" >&2; exit 2 ;;

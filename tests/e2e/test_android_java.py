@@ -1,18 +1,27 @@
-"""The Android demo's Java core reads what Python writes: n-gram caches (ODNG v1) and bundles.
+"""The Android demo's Java core reads what Python writes and decodes as Python decodes.
 
-Runs android_demo/run_java_tests.sh (javac 17 + JUnit4, no Gradle or Android SDK).
+Runs android_demo/run_java_tests.sh (javac 17 + JUnit4, no Gradle or Android SDK): n-gram caches
+(ODNG), vocabulary maps (ODVM, same error messages), bundles, and the JUnit suite with the golden
+traces (tests/golden/traces) and tokenizer vectors (tests/golden/tokenizer_vectors), fed with the
+tokenizer files a bundle ships and the vocabulary maps the Python builder makes. Regenerate the
+golden files with ``python -m omnidraft_deploy.golden``.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from omnidraft_deploy import assets
+from omnidraft_deploy.golden import TRACES, VECTOR_TOKENIZERS, VECTORS
 from omnidraft_deploy.manifest import (
     MANIFEST_NAME,
     GraphInfo,
@@ -22,20 +31,23 @@ from omnidraft_deploy.manifest import (
 )
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import save
+from omnidraft_deploy.vocab import io as vocab_io
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "android_demo" / "run_java_tests.sh"
 JUNIT = Path("/usr/share/java/junit4.jar")
 V_D, V_T = 32000, 151936  # Llama-2 drafter, Qwen2 target
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("javac") is None or shutil.which("java") is None or not JUNIT.is_file(),
-    reason="needs javac 17 and JUnit4: apt-get install -y openjdk-17-jdk-headless junit4",
+HAVE_JAVA = (
+    shutil.which("javac") is not None and shutil.which("java") is not None and JUNIT.is_file()
 )
+REGENERATE = "regenerate with `.venv/bin/python -m omnidraft_deploy.golden`"
 
 
 @pytest.fixture(scope="module")
 def java_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    if not HAVE_JAVA:
+        pytest.skip("needs javac 17 and JUnit4: apt-get install -y openjdk-17-jdk-headless junit4")
     env = {**os.environ, "OMNIDRAFT_JAVA_BUILD": str(tmp_path_factory.mktemp("java-build"))}
     done = subprocess.run(
         ["bash", str(SCRIPT), "build"], env=env, capture_output=True, text=True, timeout=300
@@ -159,8 +171,107 @@ def test_java_verifies_a_bundle_written_by_python(java_env: dict[str, str], tmp_
     assert f"{bundle / 'target.pte'}: sha256 mismatch" in done.stderr
 
 
-def test_junit_suite_passes(java_env: dict[str, str]) -> None:
+def _traces() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(TRACES.glob("*.json.gz")):
+        if ".vocab_map." not in path.name:
+            out.append(json.loads(gzip.decompress(path.read_bytes())))
+    return out
+
+
+def _tokenizer(name: str) -> Any:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    try:
+        return load_tokenizer(name)
+    except assets.AssetError:
+        return None  # optional asset (smollm2 needs `omnidraft assets fetch --models`)
+
+
+@pytest.fixture(scope="module")
+def golden_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Tokenizer files as a bundle ships them, and the tiny pairs' vocabulary maps, for Java."""
+    from omnidraft_deploy.vocab.build import build_mapper
+
+    root = tmp_path_factory.mktemp("golden-inputs")
+    names = {*VECTOR_TOKENIZERS, *(t["target_tokenizer"] for t in _traces())}
+    for name in sorted(names):
+        tok = _tokenizer(name)
+        if tok is not None:
+            (root / "tokenizers" / name).mkdir(parents=True)
+            for fname, data in tok.files().items():
+                (root / "tokenizers" / name / fname).write_bytes(data)
+    (root / "maps").mkdir()
+    for t in _traces():
+        if t["vocab_map"]:
+            mapper = vocab_io.from_bytes(gzip.decompress((TRACES / t["vocab_map"]).read_bytes()))
+        else:
+            d_tok, t_tok = _tokenizer(t["drafter_tokenizer"]), _tokenizer(t["target_tokenizer"])
+            mapper = build_mapper(d_tok, t_tok)
+            vocab_io.save(mapper, root / "maps" / f"{t['drafter']}--{t['target']}.vocab_map.bin")
+        assert mapper.content_hash() == t["mapping_hash"], (
+            f"trace {t['name']} is stale: {REGENERATE}"
+        )
+    return {"OMNIDRAFT_TOKENIZERS": str(root / "tokenizers"), "OMNIDRAFT_MAPS": str(root / "maps")}
+
+
+def test_golden_vectors_match_the_python_tokenizers() -> None:
+    """The vectors Java is held to are still what the Python tokenizers produce."""
+    for path in sorted(VECTORS.glob("*.json.gz")):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        tok = _tokenizer(doc["tokenizer"])
+        if tok is None:
+            continue
+        stale = [
+            s for s, ids in zip(doc["strings"], doc["ids"], strict=True) if tok.encode(s) != ids
+        ]
+        assert not stale, f"{path.name}: {len(stale)} strings encode differently: {REGENERATE}"
+
+
+def test_java_refuses_broken_vocab_maps_as_python_does(
+    java_env: dict[str, str], tmp_path: Path
+) -> None:
+    mapper = vocab_io.load(ROOT / "tests" / "golden" / "mapper_v1.bin")
+    good = vocab_io.to_bytes(mapper)  # version 2
+    path = tmp_path / "vocab_map.bin"
+    path.write_bytes(good)
+    done = _cli(java_env, "vocabmap", path)
+    assert done.returncode == 0 and "drafter_vocab=6 target_vocab=10" in done.stdout, done.stderr
+    cases = {
+        "magic": (0, 1),
+        "version": (4, 5),
+        "flags": (6, 1),
+        "vocab": (8, 0xFF),
+        "crc": (40, 1),
+    }
+    for what, (pos, flip) in cases.items():
+        bad = bytearray(good)
+        bad[pos] ^= flip
+        path.write_bytes(bytes(bad))
+        with pytest.raises(vocab_io.VocabMapFormatError) as err:
+            vocab_io.load(path)
+        done = _cli(java_env, "vocabmap", path)
+        assert done.returncode == 1, what
+        assert done.stderr.strip() == f"error: {err.value}", (what, done.stderr)
+    for size in (10, len(good) - 1):
+        path.write_bytes(good[:size])
+        with pytest.raises(vocab_io.VocabMapFormatError) as err:
+            vocab_io.load(path)
+        assert _cli(java_env, "vocabmap", path).stderr.strip() == f"error: {err.value}"
+
+
+def test_junit_suite_passes(java_env: dict[str, str], golden_inputs: dict[str, str]) -> None:
+    """JUnit: golden traces replayed exactly, tokenizer vectors matched, broken files refused."""
     done = subprocess.run(
-        ["bash", str(SCRIPT), "test"], env=java_env, capture_output=True, text=True, timeout=300
+        ["bash", str(SCRIPT), "test"],
+        env={**java_env, **golden_inputs},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0 and "OK (" in done.stdout, done.stdout + done.stderr
+    for t in _traces():  # every trace ran: none was skipped for a missing map or tokenizer
+        assert f"trace {t['name']}: {len(t['runs'])} runs replayed exactly" in done.stdout
+    for name in VECTOR_TOKENIZERS:
+        if _tokenizer(name) is not None:
+            assert f"tokenizer vectors {name}: " in done.stdout and "strings OK" in done.stdout

@@ -25,6 +25,11 @@ public final class BundleManifest {
         public final String preset;
         public final int vocabSize;
         public final int maxSeqLen;
+        public String tokenizer = "";
+        public int nLayers;
+        public int nKvHeads;
+        public int headDim;
+        public int seqLen = -1; // -1: dynamic T; else the static T of NPU graphs
 
         public Graph(String file, String preset, int vocabSize, int maxSeqLen) {
             this.file = file;
@@ -40,6 +45,8 @@ public final class BundleManifest {
     public final Graph drafter;
     public final Graph target;
     private final Map<String, FileEntry> files;
+    public String mappingHash = "";
+    public Map<String, Object> extras = Collections.emptyMap(); // free-form (runtime_versions, timings)
 
     public BundleManifest(int schemaVersion, String backend, int draftLen, Graph drafter, Graph target,
                           Map<String, FileEntry> files) {

@@ -7,7 +7,7 @@ import java.io.OutputStream;
 
 /**
  * Command line used by tests/e2e/test_android_java.py: {@code dump FILE}, {@code rewrite IN OUT},
- * {@code verify BUNDLE_DIR}. Errors print the message to stderr and exit with status 1.
+ * {@code verify BUNDLE_DIR}, {@code vocabmap FILE}, {@code encode TOKENIZER_DIR TEXT}. Errors print the message to stderr and exit with status 1.
  */
 public final class Cli {
     private Cli() {}
@@ -41,8 +41,15 @@ public final class Cli {
             }
         } else if (verb.equals("verify") && args.length == 2) {
             System.out.println(Bundle.open(new File(args[1])).summary());
+        } else if (verb.equals("vocabmap") && args.length == 2) {
+            VocabMap m = VocabMap.readFile(new File(args[1]));
+            System.out.println("drafter_vocab=" + m.draftVocabSize + " target_vocab=" + m.targetVocabSize
+                    + " drafter_bos=" + m.drafterBos() + " draft_eos=" + java.util.Arrays.toString(m.draftEos())
+                    + " target_eos=" + java.util.Arrays.toString(m.targetEos()));
+        } else if (verb.equals("encode") && args.length == 3) {
+            System.out.println(java.util.Arrays.toString(Tokenizer.load(new File(args[1])).encode(args[2])));
         } else {
-            throw new IllegalArgumentException("usage: dump FILE | rewrite IN OUT | verify BUNDLE_DIR");
+            throw new IllegalArgumentException("usage: dump FILE | rewrite IN OUT | verify BUNDLE_DIR | vocabmap FILE | encode TOKENIZER_DIR TEXT");
         }
     }
 }

@@ -75,13 +75,26 @@ public final class ManifestReader {
             Map<String, Object> e = object(listed, rel);
             files.put(rel, new BundleManifest.FileEntry(string(e, "sha256"), integer(e, "size"), string(e, "role")));
         }
-        return new BundleManifest(((Long) version).intValue(), string(m, "backend"), (int) integer(m, "draft_len"),
-                graph(object(graphs, "drafter")), graph(object(graphs, "target")), files);
+        BundleManifest out = new BundleManifest(((Long) version).intValue(), string(m, "backend"),
+                (int) integer(m, "draft_len"), graph(object(graphs, "drafter")), graph(object(graphs, "target")), files);
+        if (m.get("mapping_hash") instanceof String) {
+            out.mappingHash = (String) m.get("mapping_hash");
+        }
+        if (m.get("extras") instanceof Map) {
+            out.extras = object(m, "extras");
+        }
+        return out;
     }
 
     private static BundleManifest.Graph graph(Map<String, Object> g) {
-        return new BundleManifest.Graph(string(g, "file"), string(g, "preset"), (int) integer(g, "vocab_size"),
-                (int) integer(g, "max_seq_len"));
+        BundleManifest.Graph out = new BundleManifest.Graph(string(g, "file"), string(g, "preset"),
+                (int) integer(g, "vocab_size"), (int) integer(g, "max_seq_len"));
+        out.tokenizer = g.get("tokenizer") instanceof String ? (String) g.get("tokenizer") : "";
+        out.nLayers = g.get("n_layers") instanceof Long ? ((Long) g.get("n_layers")).intValue() : 0;
+        out.nKvHeads = g.get("n_kv_heads") instanceof Long ? ((Long) g.get("n_kv_heads")).intValue() : 0;
+        out.headDim = g.get("head_dim") instanceof Long ? ((Long) g.get("head_dim")).intValue() : 0;
+        out.seqLen = g.get("seq_len") instanceof Long ? ((Long) g.get("seq_len")).intValue() : -1;
+        return out;
     }
 
     @SuppressWarnings("unchecked")

@@ -67,7 +67,8 @@ public final class VocabMap {
             throw new FormatException(source, "truncated: " + data.length + " bytes is shorter than the header");
         }
         if (data[0] != 'O' || data[1] != 'D' || data[2] != 'V' || data[3] != 'M') {
-            throw new FormatException(source, "not a vocabulary map (magic is not ODVM)");
+            throw new FormatException(source, "not a vocabulary map (magic " + pyBytes(data, 4)
+                    + ", expected b'ODVM')");
         }
         int version = buf.getShort(4) & 0xFFFF;
         if (version > VERSION) {
@@ -187,6 +188,28 @@ public final class VocabMap {
             }
         }
         return null;
+    }
+
+    /** Python's repr of the first n bytes (b'..'), so that both readers print the same message. */
+    static String pyBytes(byte[] data, int n) {
+        StringBuilder out = new StringBuilder("b'");
+        for (int i = 0; i < n; i++) {
+            int b = data[i] & 0xFF;
+            if (b == '\\' || b == '\'') {
+                out.append('\\').append((char) b);
+            } else if (b == '\t') {
+                out.append("\\t");
+            } else if (b == '\n') {
+                out.append("\\n");
+            } else if (b == '\r') {
+                out.append("\\r");
+            } else if (b >= 0x20 && b < 0x7F) {
+                out.append((char) b);
+            } else {
+                out.append(String.format("\\x%02x", b));
+            }
+        }
+        return out.append('\'').toString();
     }
 
     private static int[] ints(ByteBuffer buf, int[] pos, int count) {

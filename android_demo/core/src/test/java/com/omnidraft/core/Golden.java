@@ -14,6 +14,23 @@ import java.util.zip.GZIPInputStream;
 final class Golden {
     private Golden() {}
 
+    private static final Map<String, Tokenizer> TOKENIZERS = new java.util.HashMap<>();
+
+    /** The tokenizer in -Domnidraft.tokenizers=DIR/NAME (loaded once per JVM), or null when absent. */
+    static synchronized Tokenizer tokenizer(String name) throws IOException {
+        File dir = dir("omnidraft.tokenizers");
+        File sub = dir == null ? null : new File(dir, name);
+        if (sub == null || !sub.isDirectory()) {
+            return null;
+        }
+        Tokenizer tok = TOKENIZERS.get(name);
+        if (tok == null) {
+            tok = Tokenizer.load(sub);
+            TOKENIZERS.put(name, tok);
+        }
+        return tok;
+    }
+
     /** A folder from a system property, or null when the property is unset. */
     static File dir(String property) {
         String value = System.getProperty(property, "");

@@ -1,0 +1,68 @@
+package com.omnidraft.core;
+
+import java.io.File;
+import java.io.IOException;
+
+/**
+ * Everything the app runs between two model calls, wired from a verified bundle: vocabulary map,
+ * target tokenizer, warm n-gram cache (the session file next to the bundle when one was saved),
+ * draft-length policy from the manifest, greedy speculative decoding, streaming text, and the
+ * atomic save of the grown cache. The app supplies only the two CausalLm implementations.
+ */
+public final class Session {
+    public static final String VOCAB_MAP = "vocab_map.bin";
+    public static final String SESSION_CACHE = "ngram_cache.session.bin";
+
+    /** Opens one graph of the bundle (ExecuTorch or ONNX Runtime on the phone). */
+    public interface ModelLoader {
+        CausalLm load(File graphFile, BundleManifest.Graph info, BundleManifest manifest) throws IOException;
+    }
+
+    public final Bundle bundle;
+    public final VocabMap map;
+    public final Tokenizer tokenizer;
+    public final NGramCache cache;
+    private final File cacheFile;
+    private final SpeculativeDecoder decoder;
+
+    /** cacheDir: a writable folder for the session cache (the app's files folder). */
+    public Session(File bundleDir, File cacheDir, ModelLoader loader, int maxNewTokens) throws IOException {
+        bundle = Bundle.open(bundleDir);
+        BundleManifest m = bundle.manifest;
+        map = VocabMap.readFile(new File(bundleDir, VOCAB_MAP));
+        if (map.draftVocabSize > m.drafter.vocabSize || map.targetVocabSize > m.target.vocabSize) {
+            throw new FormatException(new File(bundleDir, VOCAB_MAP).getPath(), "vocabulary sizes ("
+                    + map.draftVocabSize + ", " + map.targetVocabSize + ") exceed the graphs' (" + m.drafter.vocabSize
+                    + ", " + m.target.vocabSize + ")");
+        }
+        tokenizer = Tokenizer.load(new File(bundleDir, "target_tokenizer"));
+        cacheFile = new File(cacheDir, SESSION_CACHE);
+        NGramCacheFile warm = cacheFile.isFile() ? NGramCacheFormat.readFile(cacheFile) : bundle.ngramCache;
+        if (warm.draftVocabSize != map.draftVocabSize || warm.targetVocabSize != map.targetVocabSize) {
+            throw new NGramFormatException(cacheFile.getPath(), "built for vocabularies " + warm.draftVocabSize + "/"
+                    + warm.targetVocabSize + ", the map has " + map.draftVocabSize + "/" + map.targetVocabSize);
+        }
+        cache = NGramCache.fromFile(warm, NGramCache.DEFAULT_MAX_ENTRIES, 0);
+        CausalLm drafter = loader.load(new File(bundleDir, m.drafter.file), m.drafter, m);
+        CausalLm target = loader.load(new File(bundleDir, m.target.file), m.target, m);
+        SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNewTokens, map.targetEos(),
+                map.targetVocabSize);
+        decoder = new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Heuristic(m.draftLen), cache, cfg,
+                map.drafterBos());
+    }
+
+    /** Streams text to the callback as verification steps commit; returns the stats. */
+    public Stats generate(String prompt, java.util.function.BiConsumer<String, Stats> onText) {
+        TextStream stream = new TextStream(tokenizer);
+        Stats stats = new Stats();
+        decoder.generate(tokenizer.encode(prompt), Uniforms.seeded(0), stats,
+                (ids, s) -> onText.accept(stream.push(ids), s));
+        onText.accept(stream.finish(), stats);
+        return stats;
+    }
+
+    /** Atomic save of the grown cache (temp file + fsync + rename): the next launch starts warm. */
+    public void saveCache() throws IOException {
+        cache.save(cacheFile, map.draftVocabSize, map.targetVocabSize);
+    }
+}

@@ -1,0 +1,115 @@
+package com.omnidraft.core;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertTrue;
+
+import java.io.File;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.List;
+import java.util.Map;
+import org.junit.Assume;
+import org.junit.Test;
+
+/**
+ * Golden traces (tests/golden/traces, written by python -m omnidraft_deploy.golden): fed the
+ * recorded logits and uniform draws, the Java decoder must make exactly the recorded model calls
+ * (ids and start positions of both models, in order) and produce the same tokens, accept counts,
+ * draft lengths, text and n-gram cache bytes as the Python reference decoder.
+ *
+ * <p>Vocabulary maps: a trace's own {@code vocab_map} file, else
+ * -Domnidraft.maps=DIR/DRAFTER--TARGET.vocab_map.bin written by the Python test from the same
+ * builder. Tokenizers (prompt encoding, text): -Domnidraft.tokenizers=DIR/NAME/.
+ */
+public class TraceReplayTest {
+    @Test
+    public void everyTraceReplaysExactly() throws IOException {
+        File traces = Golden.dir("omnidraft.traces");
+        Assume.assumeTrue("set -Domnidraft.traces", traces != null);
+        File[] files = traces.listFiles((d, n) -> n.endsWith(".json.gz") && !n.contains(".vocab_map."));
+        assertTrue("no traces in " + traces, files != null && files.length > 0);
+        Arrays.sort(files);
+        for (File f : files) {
+            replay(f, traces);
+        }
+    }
+
+    private static void replay(File file, File traces) throws IOException {
+        Map<String, Object> t = Golden.json(file);
+        String name = (String) t.get("name");
+        VocabMap map = vocabMap(t, traces);
+        Tokenizer tok = Golden.tokenizer((String) t.get("target_tokenizer"));
+        if (map == null || tok == null) {
+            System.out.println("trace " + name + ": skipped (vocabulary map or tokenizer files not given)");
+            return;
+        }
+        Object bos = t.get("drafter_bos");
+        assertEquals(name + ": drafter BOS", bos == null ? -1 : ((Long) bos).intValue(), map.drafterBos());
+        boolean exact = "exact".equals(t.get("mode"));
+        SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(exact, ((Number) t.get("temperature")).doubleValue(),
+                num(t, "max_new_tokens"), Golden.ints(t.get("eos_ids")), num(t, "vocab_limit"));
+        int policyId = "lfu".equals(t.get("cache_policy")) ? NGramCacheFile.POLICY_LFU : NGramCacheFile.POLICY_LRU;
+        NGramCache cache = new NGramCache(num(t, "cache_max_entries"), 0, policyId);
+        DraftLenPolicy policy = DraftLenPolicy.byName((String) t.get("policy"), num(t, "draft_len"));
+        List<Object> runs = ByteLevelBpe.asList(t.get("runs"), "runs");
+        int merged = 0;
+        int accepted = 0;
+        for (int r = 0; r < runs.size(); r++) {
+            Map<String, Object> run = ByteLevelBpe.asMap(runs.get(r), "run");
+            String where = name + " run " + r;
+            int[] prompt = Golden.ints(run.get("prompt_ids"));
+            assertArrayEquals(where + ": prompt ids", prompt, tok.encode((String) run.get("prompt")));
+            TraceReplay replay = new TraceReplay(run);
+            SpeculativeDecoder dec = new SpeculativeDecoder(
+                    replay.model("target", num(t, "target_model_vocab"), num(t, "target_max_seq_len")),
+                    replay.model("drafter", num(t, "drafter_model_vocab"), num(t, "drafter_max_seq_len")),
+                    map, policy, cache, cfg, map.drafterBos());
+            TextStream stream = new TextStream(tok);
+            StringBuilder text = new StringBuilder();
+            Stats stats = new Stats();
+            int[] out = dec.generate(prompt, replay, stats, (ids, s) -> text.append(stream.push(ids)));
+            text.append(stream.finish());
+            assertArrayEquals(where + ": output ids", Golden.ints(run.get("output_ids")), out);
+            assertEquals(where + ": " + replay.leftover(), "", replay.leftover());
+            assertEquals(where + ": accept counts", list(run.get("accept_counts")), stats.acceptCounts);
+            assertEquals(where + ": draft lengths", list(run.get("draft_len_trace")), stats.draftLenTrace);
+            assertEquals(where + ": merged proposals", num(run, "merged_proposed"), stats.mergedProposed);
+            assertEquals(where + ": merged accepted", num(run, "merged_accepted"), stats.mergedAccepted);
+            assertEquals(where + ": target calls", num(run, "target_calls"), stats.targetCalls);
+            assertEquals(where + ": text", run.get("text"), text.toString());
+            byte[] bytes = NGramCacheFormat.write(cache.toFile(map.draftVocabSize, map.targetVocabSize));
+            assertArrayEquals(where + ": n-gram cache bytes",
+                    Base64.getDecoder().decode((String) run.get("ngram_cache_after")), bytes);
+            merged += stats.mergedProposed;
+            accepted += stats.accepted;
+        }
+        System.out.println("trace " + name + ": " + runs.size() + " runs replayed exactly (" + accepted
+                + " accepted, " + merged + " merged proposals, cache " + cache.size() + " entries)");
+    }
+
+    private static VocabMap vocabMap(Map<String, Object> t, File traces) throws IOException {
+        Object own = t.get("vocab_map");
+        if (own != null) {
+            File f = new File(traces, (String) own);
+            return VocabMap.read(Golden.gunzip(f), f.getPath());
+        }
+        File maps = Golden.dir("omnidraft.maps");
+        File f = maps == null ? null : new File(maps, t.get("drafter") + "--" + t.get("target") + ".vocab_map.bin");
+        return f != null && f.isFile() ? VocabMap.readFile(f) : null;
+    }
+
+    private static int num(Map<String, Object> m, String key) {
+        return ((Number) m.get(key)).intValue();
+    }
+
+    private static List<Integer> list(Object o) {
+        List<Integer> out = new ArrayList<>();
+        for (int v : Golden.ints(o)) {
+            out.add(v);
+        }
+        return out;
+    }
+}

@@ -2,8 +2,13 @@
 
 A ``TextStreamer`` is a decoder observer (``SpeculativeDecoder.generate(observer=...)``): after each
 target call it receives the committed ids (target vocabulary) and the ids that call added. It
-re-decodes the whole continuation and writes only the new suffix, holding back a trailing U+FFFD
-(a multi-byte character split across tokens is printed once its last byte arrives).
+re-decodes the continuation and writes only the new suffix, holding back a trailing U+FFFD (a
+multi-byte character split across tokens is printed once its last byte arrives).
+
+Continuations are decoded *in context* (``decode_continuation``): SentencePiece decoders drop the
+space of a leading "▁" (the dummy prefix), so decoding the new ids alone turns "Answer:" + "▁8"
+into "Answer:8". Decoding the last context tokens together with the new ids and cutting the
+context's own text off keeps the join space.
 """
 
 from __future__ import annotations
@@ -12,24 +17,42 @@ from typing import Protocol, TextIO
 
 from torch import Tensor
 
+ANCHOR = 4  # context tokens decoded with a continuation
+
 
 class Decodes(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+def decode_continuation(tokenizer: Decodes, context_ids: list[int], new_ids: list[int]) -> str:
+    """The text ``new_ids`` add after ``context_ids`` (join spaces kept, see module docstring)."""
+    anchor = list(context_ids[-ANCHOR:])
+    head = tokenizer.decode(anchor)
+    full = tokenizer.decode([*anchor, *new_ids])
+    if anchor and full.startswith(head) and not head.endswith("\ufffd"):
+        return full[len(head) :]
+    return tokenizer.decode(list(new_ids))  # the context ends inside a character: no anchor
+
+
 class TextStreamer:
     def __init__(self, tokenizer: Decodes, out: TextIO, stats: TextIO | None = None) -> None:
         self.tokenizer, self.out, self.stats = tokenizer, out, stats
+        self.context: list[int] | None = None  # the prompt, from the first step
         self.ids: list[int] = []
         self.printed = ""
         self.steps = 0
+
+    def _text(self) -> str:
+        return decode_continuation(self.tokenizer, self.context or [], self.ids)
 
     def __call__(
         self, committed: list[int], new_ids: list[int], topk_ids: Tensor, topk_probs: Tensor
     ) -> None:
         self.steps += 1
+        if self.context is None:
+            self.context = list(committed)
         self.ids += new_ids
-        text = self.tokenizer.decode(self.ids)
+        text = self._text()
         if text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
         if text.startswith(self.printed) and len(text) > len(self.printed):
@@ -44,7 +67,7 @@ class TextStreamer:
 
     def finish(self) -> None:
         """Write whatever is still held back (a genuinely invalid byte sequence at the end)."""
-        text = self.tokenizer.decode(self.ids)
+        text = self._text()
         if text.startswith(self.printed):
             self.out.write(text[len(self.printed) :] + "\n")
         self.printed = text

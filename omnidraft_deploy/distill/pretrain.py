@@ -1,8 +1,10 @@
 """Pre-train small real-vocabulary models on CPU in minutes, cached as safetensors.
 
-A drafter (Llama-2 SentencePiece, 32000 ids, 4.5M params, 2 layers x 128) and two targets (Llama-3,
-128256 ids; Qwen2, 152064 rows; 26-31M params, 4 layers x 192) learn the same offline corpus
-(``distill.data``), so drafter/target acceptance is meaningful (random targets give ~0).
+The ``trained-*`` presets (``source`` ``pretrain`` in the one registry, ``presets.py``, which also
+holds their schedules): a drafter (Llama-2 SentencePiece, 32000 ids, 4.5M params, 2 layers x 128)
+and targets (Llama-3, 128256 ids; Qwen2, 152064 rows; 26-31M params, 4 layers x 192) learn the
+same offline corpus (``distill.data``), so drafter/target acceptance is meaningful (random targets
+give ~0). Load them with ``reference.load.load_model``, the one loader.
 
 Compact-vocabulary training: the corpus uses a few thousand ids of each vocabulary, so the model is
 trained on the compact vocabulary of ids seen in the corpus (plus BOS/EOS) and expanded to the full

@@ -167,6 +167,7 @@ def export_bundle(
     extras: dict[str, Any] = {
         "seed": cfg.seed, "target_model": cfg.target_model, "drafter_model": cfg.drafter_model,
         "max_seq_len": cfg.max_seq_len, "verified": verify is not None,
+        "runtime_versions": _runtime_versions(),  # the app needs a runtime >= these
     }  # fmt: skip
     with atomic_bundle_dir(cfg.out_dir) as tmp:
         graphs: dict[str, GraphInfo] = {}
@@ -256,3 +257,17 @@ def export_pair(cfg: ExportConfig, *, verify: Verify | None = None) -> Path:
         eos_ids={"drafter": pair.drafter_tok.eos_ids, "target": pair.target_tok.eos_ids},
         verify=verify,
     )
+
+
+def _runtime_versions() -> dict[str, str]:
+    """Installed exporter runtimes (``executorch``, ``onnxruntime``): the Android app refuses a
+    bundle whose exporter is newer than its runtime (android_demo ``RuntimeVersions``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("executorch", "onnxruntime"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out

@@ -88,12 +88,19 @@ def export_onnx_graph(
     """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format).
 
     An fp32 drafter keeps one initializer per parameter (``swappable``), so weights trained on the
-    device (``training_graph``) are swapped into it without re-export.
+    device (``training_graph``) are swapped into it without re-export; every other fp32 / int8 /
+    int4 graph is the fused contrib-op graph (``exporters.onnx_fused``).
     """
-    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
+    from omnidraft_deploy.exporters.onnx import (
+        FUSED_RECIPES,
+        convert_to_ort,
+        export_onnx,
+        ort_format_blocker,
+    )
 
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
     swappable = role == "drafter" and recipe.name == "fp32"
+    fused = not swappable and recipe.name in FUSED_RECIPES
     path = export_onnx(
         model,
         out_dir / info.file,
@@ -101,8 +108,9 @@ def export_onnx_graph(
         recipe=recipe,
         bundle_hash=bundle_hash,
         swappable=swappable,
+        fused=fused,
     )
-    extras: dict[str, Any] = {"weights_swappable": swappable}
+    extras: dict[str, Any] = {"weights_swappable": swappable, "fused": fused}
     if (why := ort_format_blocker(path)) is not None:  # e.g. fp32 0.5B+: quantise for mobile
         log.warning("%s: skipping the .ort file: %s", path.name, why)
         return info, extras | {"ort_mobile_file": None, "ort_mobile_skipped": why}

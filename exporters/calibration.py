@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
 from omnidraft_deploy.manifest import GraphInfo
 
 
@@ -28,26 +29,21 @@ def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
 def step_feeds(
     fp32_path: Path, info: GraphInfo, prompts: list[list[int]]
 ) -> list[dict[str, np.ndarray]]:
-    """Every input dict the static graph sees while reading ``prompts`` (fp32 ORT run)."""
-    import onnxruntime as ort
+    """Every input dict the static graph sees while reading ``prompts`` (fp32 ORT run, stepped
+    by ``graph_contract.ExplicitCacheGraph``, as the runtime steps it); caches are snapshots."""
+    from omnidraft_deploy.onnx_host import cpu_session
 
     assert info.seq_len is not None
     t = info.seq_len
-    sess = ort.InferenceSession(str(fp32_path), providers=["CPUExecutionProvider"])
-    shape = (1, info.n_kv_heads, info.max_seq_len, info.head_dim)
+    graph = ExplicitCacheGraph(cpu_session(fp32_path), info)
     feeds: list[dict[str, np.ndarray]] = []
     for ids in prompts:
-        caches = [np.zeros(shape, np.float32) for _ in range(2 * info.n_layers)]
+        graph.reset()
         usable = ids[: (min(len(ids), info.max_seq_len) // t) * t]
         for s in range(0, len(usable), t):
-            feed: dict[str, np.ndarray] = {
-                "token_ids": np.array([usable[s : s + t]], np.int64),
-                "input_pos": np.arange(s, s + t, dtype=np.int64),
-                **{f"cache_{i}": c.copy() for i, c in enumerate(caches)},  # this step's snapshot
-            }
-            feeds.append(feed)
-            for cache, entries in zip(caches, sess.run(None, feed)[1:], strict=True):
-                cache[:, :, s : s + t, :] = entries  # host-side cache write, as the runtime does
+            chunk, pos = np.array([usable[s : s + t]], np.int64), contiguous_positions(s, t)
+            feeds.append(graph.feeds(chunk, pos))
+            graph.run(chunk, pos)
     return feeds
 
 

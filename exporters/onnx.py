@@ -1,6 +1,13 @@
 """Recipe: Transformer -> ONNX with explicit KV-cache I/O (onnx and qnn backends).
 
-Stages: prepare (explicit-cache wrapper, no grad) -> export (``torch.export`` with a dynamic or
+Two graph builds, one call contract (``omnidraft_deploy.graph_contract``):
+
+- fused (``fused=True``, the ``onnx`` backend's default): written node by node from the weights
+  by ``exporters.onnx_fused`` (GroupQueryAttention, SkipSimplifiedLayerNormalization,
+  MatMulNBits with int8 compute); caches shared in place (``CacheIO.SHARED``). Seconds to write.
+- plain ops (the QNN HTP's graph, swappable fp32 drafters, ``int8-dyn``), traced:
+
+Stages of the traced build: prepare (explicit-cache wrapper, no grad) -> export (``torch.export`` with a dynamic or
 static T, then ``torch.onnx.export`` of the ExportedProgram) -> quantize (ONNX Runtime dynamic int8
 or MatMulNBits int4) -> serialize (metadata_props, atomic rename; external data beyond 2 GB) ->
 optionally the ORT mobile format (``.ort``). I/O names and cache layout: see ``exportable``.
@@ -19,6 +26,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +36,10 @@ from omnidraft_deploy.exporters.exportable import (
     dynamic_shapes_explicit,
     empty_caches,
     example_inputs,
-    input_names,
-    output_names,
 )
 from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_onnx_file
 
+from omnidraft_deploy.graph_contract import input_names, output_names
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.reference.model import Transformer
 
@@ -50,8 +57,11 @@ def export_onnx(
     seq_len: int | None = None,
     bundle_hash: str = "",
     swappable: bool = False,
+    fused: bool = False,
 ) -> Path:
     """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU).
+
+    ``fused``: the contrib-op graph of ``exporters.onnx_fused`` (dynamic T, fp32/int8/int4 only).
 
     ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
     after it (``training_graph.bind_weights``), and trained weights can be swapped in without
@@ -60,6 +70,8 @@ def export_onnx(
     import onnx
 
     model = model.eval().requires_grad_(False)
+    if fused:
+        return _export_fused(model, path, info=info, recipe=recipe, bundle_hash=bundle_hash)
     a = model.args
     ids, pos = example_inputs(model, seq_len or 2)
     caches = empty_caches(model)
@@ -97,6 +109,37 @@ def export_onnx(
         if big:
             os.replace(Path(tmp) / f"{path.name}.data", path.with_name(f"{path.name}.data"))
         os.replace(out, path)
+    return path
+
+
+FUSED_RECIPES = ("fp32", "int8", "int4")
+
+
+def _export_fused(
+    model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None, bundle_hash: str
+) -> Path:
+    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
+
+    name = recipe.name if recipe else "fp32"
+    if name not in FUSED_RECIPES:
+        raise ValueError(f"{path.name}: fused graphs take {FUSED_RECIPES}, not {name!r}")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        proto = build_graph(model, recipe)
+    set_metadata(proto, info, bundle_hash)
+    size = sum(len(t.raw_data) for t in proto.graph.initializer)
+    big = size > _TWO_GB - 2**26  # headroom for the graph itself
+    t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        out = Path(tmp) / path.name
+        save_model(proto, out, external=big)
+        if big:
+            os.replace(Path(tmp) / f"{path.name}.data", path.with_name(f"{path.name}.data"))
+        os.replace(out, path)
+    log.info(
+        "%s: fused %s graph built in %.1f s, written in %.1f s (%.0f MiB)",
+        path.name, name, t1 - t0, time.perf_counter() - t1, size / 2**20,
+    )  # fmt: skip
     return path
 
 

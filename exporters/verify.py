@@ -1,8 +1,8 @@
 """Verification after export: reload the written artifact, decode real prompts, compare with eager.
 
 The artifact is reloaded the way a device would (ONNX Runtime for ``.onnx`` / ``.ort`` through
-``omnidraft_deploy.onnx_host``, the host code the desktop runtime uses too: cache writes, static-T
-chunking; ``executorch.runtime`` for ``.pte``), independently of ``runtime/`` (exporters never
+``omnidraft_deploy.graph_contract``, the host code the desktop runtime uses too: cache binding,
+static-T chunking; ``executorch.runtime`` for ``.pte``), independently of ``runtime/`` (exporters never
 import it), and compared with the eager fp32 model by ``omnidraft_deploy.parity`` (prefill,
 single steps, a KV rollback). A result outside the recipe's tolerance raises
 ``ExportVerificationError``; the returned dict goes into ``GraphInfo.parity``.
@@ -11,20 +11,37 @@ single steps, a KV rollback). A result outside the recipe's tolerance raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
+from omnidraft_deploy import graph_contract as gc
 from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.parity import StepFn, eager_step, parity
+from omnidraft_deploy.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
+
+
+# The eager reference runs single-threaded: on a busy 2-core machine two torch threads made a
+# (1, 24, 576) linear 18x slower (49 ms vs 2.7 ms), and eager calls were 90 % of verification.
+EAGER_THREADS = 1
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` for the block (restored after it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class ExportVerificationError(RuntimeError):
@@ -32,26 +49,27 @@ class ExportVerificationError(RuntimeError):
 
 
 def artifact_step(path: Path, info: GraphInfo) -> StepFn:
-    """Reload ``path`` the way the device does: ONNX Runtime (CPU) for ``.onnx`` / ``.ort``, fed
-    through ``onnx_host`` (host-held caches, static-T chunks), the ExecuTorch runtime for ``.pte``.
+    """Reload ``path`` the way the device does, through ``omnidraft_deploy.graph_contract``:
+    ONNX Runtime (CPU) for ``.onnx`` / ``.ort`` (host-held caches bound by IOBinding, static-T
+    chunks), the ExecuTorch runtime for ``.pte``.
     """
     if path.suffix == ".pte":
         from executorch.runtime import Runtime
 
-        method = Runtime.get().load_program(str(path)).load_method("forward")
+        method = Runtime.get().load_program(str(path)).load_method(gc.PTE_FORWARD)
 
         def pte_step(token_ids: Tensor, start_pos: int) -> Tensor:
-            pos = torch.arange(start_pos, start_pos + len(token_ids))
-            return method.execute([token_ids[None], pos])[0][0].float()
+            pos = gc.contiguous_positions(start_pos, len(token_ids))
+            return torch.from_numpy(gc.pte_step(method, token_ids.numpy()[None], pos))
 
         return pte_step
     if path.suffix in (".onnx", ".ort"):
-        from omnidraft_deploy.onnx_host import ExplicitCacheGraph, cpu_session
+        from omnidraft_deploy.onnx_host import cpu_session
 
-        graph = ExplicitCacheGraph(cpu_session(path), info)
+        graph = gc.ExplicitCacheGraph(cpu_session(path), info)
 
         def onnx_step(token_ids: Tensor, start_pos: int) -> Tensor:
-            pos = np.arange(start_pos, start_pos + len(token_ids), dtype=np.int64)
+            pos = gc.contiguous_positions(start_pos, len(token_ids))
             return torch.from_numpy(graph.run(token_ids.numpy()[None], pos))
 
         return onnx_step
@@ -62,12 +80,7 @@ def pte_constants(path: Path) -> dict[str, Any]:
     """Values of the ``.pte`` constant methods (get_max_seq_len, get_eos_ids, ...)."""
     from executorch.runtime import Runtime
 
-    program = Runtime.get().load_program(str(path))
-    return {
-        name: program.load_method(name).execute([])
-        for name in sorted(program.method_names)
-        if name.startswith("get_")
-    }
+    return gc.pte_constants(Runtime.get().load_program(str(path)))
 
 
 def prompt_ids(tokenizer: str, vocab_size: int, *, n: int = 3, limit: int = 24) -> list[list[int]]:
@@ -99,11 +112,19 @@ def verify_artifact(
     eager: Transformer,
     recipe: QuantRecipe,
     prompts: Sequence[Sequence[int]] | None = None,
+    *,
+    verify_len: int = 5,
 ) -> dict[str, float]:
-    """Reload ``path``, compare with ``eager`` (fp32), raise if outside ``recipe``'s tolerance."""
+    """Reload ``path``, compare with ``eager`` (fp32), raise if outside ``recipe``'s tolerance.
+
+    The result also holds a speed line (``speed_*`` keys, ``parity.step_speed``): tokens/s of
+    1-token decode and of a ``verify_len``-token verify call on the reloaded artifact.
+    """
     if prompts is None:
         prompts = prompt_ids(info.tokenizer, info.vocab_size)
-    result = parity(artifact_step(path, info), eager_step(eager), prompts)
+    step = artifact_step(path, info)
+    with torch_threads(EAGER_THREADS):
+        result = parity(step, eager_step(eager), prompts)
     result |= {"tolerance": recipe.tolerance, "min_top1": recipe.min_top1}
     if (
         result["max_abs_logit_diff"] > recipe.tolerance
@@ -114,4 +135,6 @@ def verify_artifact(
             f"(max |diff| <= {recipe.tolerance}, top-1 >= {recipe.min_top1})"
         )
     log.info("%s parity: %s", path.name, result)
-    return result
+    speed = step_speed(step, verify_len=verify_len, max_seq_len=info.max_seq_len)
+    log.info("%s speed: %s", path.name, speed)
+    return result | speed

@@ -1,18 +1,7 @@
-"""Host side of explicit-cache ONNX graphs, shared by ``exporters`` and ``runtime``.
-
-Graph contract (``exporters.exportable.ExplicitCacheExportable``): inputs ``token_ids (1, T)``
-int64, ``input_pos (T,)`` int64 and ``cache_{i} (1, KV, max_seq_len, D)`` float32 (k and v of every
-layer); outputs ``logits (1, T, V)`` and ``cache_out_{i} (1, KV, T, D)``: only this chunk's new
-entries, which the host writes at the chunk's positions after every call. Rollback is calling again
-from an earlier position: stale entries past it are masked by position and then overwritten.
-
-Static-T graphs (``GraphInfo.seq_len`` set: NPU) are fed in chunks of exactly T tokens. A short chunk
-is padded with copies of its last token at the following positions; padded rows come last, so causal
-masking keeps them out of the real rows, and their entries are never written back.
-
-The export-time verification (``exporters.verify``), the QNN exporter's HTP check and the desktop
-runtime (``runtime.onnxruntime_model``, ``runtime.qnn_model``) all step graphs through this module,
-so what was verified at export is what runs. ONNX Runtime and its QNN plugin are imported lazily.
+"""ONNX Runtime sessions for explicit-cache graphs: CPU, and the QNN HTP (with the names of the
+ops it refuses). How a graph is called (names, caches, chunking) is ``omnidraft_deploy.
+graph_contract``'s; the export-time verification, the QNN exporter's HTP check and the desktop
+runtime all open their sessions here. ONNX Runtime and its QNN plugin are imported lazily.
 """
 
 from __future__ import annotations
@@ -21,56 +10,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.optional import require
-
-
-class ExplicitCacheGraph:
-    """One ONNX session plus its host-held KV caches (numpy), stepped by position."""
-
-    def __init__(self, session: Any, info: GraphInfo) -> None:
-        self.session, self.info = session, info
-        shape = (1, info.n_kv_heads, info.max_seq_len, info.head_dim)
-        self.caches = [np.zeros(shape, np.float32) for _ in range(2 * info.n_layers)]
-        self._outputs = [o.name for o in session.get_outputs()]
-
-    def _call(self, ids: np.ndarray, pos: np.ndarray, n_real: int) -> np.ndarray:
-        feeds = {"token_ids": ids, "input_pos": pos}
-        feeds.update({f"cache_{i}": c for i, c in enumerate(self.caches)})
-        logits, *new = self.session.run(self._outputs, feeds)
-        for cache, entries in zip(self.caches, new, strict=True):
-            cache[:, :, pos[:n_real], :] = entries[:, :, :n_real, :]  # host-side cache write
-        return np.asarray(logits[0])
-
-    def run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-        """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated."""
-        t_static = self.info.seq_len
-        if t_static is None:
-            return self._call(token_ids, input_pos, token_ids.shape[1])
-        rows = []
-        for s in range(0, token_ids.shape[1], t_static):
-            ids, pos = token_ids[:, s : s + t_static], input_pos[s : s + t_static]
-            n = ids.shape[1]
-            if n < t_static:
-                pad = t_static - n
-                ids = np.concatenate([ids, np.repeat(ids[:, -1:], pad, axis=1)], axis=1)
-                extra = np.minimum(pos[-1] + 1 + np.arange(pad), self.info.max_seq_len - 1)
-                pos = np.concatenate([pos, extra]).astype(np.int64)
-            rows.append(self._call(ids, pos, n)[:n])
-        return np.concatenate(rows, axis=0)
 
 
 def require_onnxruntime() -> Any:
     return require("onnxruntime", extra="onnx", purpose="the onnx backend")
 
 
-def cpu_session(path: Path) -> Any:
-    """ONNX Runtime session on the CPU execution provider, warnings off."""
+def cpu_session(path: Path, *, threads: int | None = None) -> Any:
+    """ONNX Runtime session on the CPU execution provider, warnings off; ``threads``: intra-op
+    threads (None: ORT's default, one per physical core)."""
     ort = require_onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if threads is not None:
+        opts.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

@@ -1,6 +1,7 @@
 """ExecuTorch runtime wrapper for ``.pte`` programs (XNNPACK); the KV cache is program state.
 
-Metadata comes from the program's constant methods (get_max_seq_len, get_vocab_size, ...), which
+How a program is stepped is ``omnidraft_deploy.graph_contract``'s (``pte_step``). Metadata comes
+from the program's constant methods (get_max_seq_len, get_vocab_size, ...), which
 ``check_metadata`` compares with the manifest before anything runs.
 """
 
@@ -10,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from omnidraft_deploy.runtime.base import RuntimeModel
 
+from omnidraft_deploy import graph_contract as gc
 from omnidraft_deploy.manifest import BundleError, GraphInfo
 from omnidraft_deploy.optional import require
 
@@ -59,8 +60,7 @@ class PteModel(RuntimeModel):
         super().__init__(path, info)
         self.program = load_program(self.path)
         check_metadata(self.program, self.path, info)
-        self.method = self.program.load_method("forward")
+        self.method = self.program.load_method(gc.PTE_FORWARD)
 
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-        out = self.method.execute([torch.from_numpy(token_ids), torch.from_numpy(input_pos)])
-        return out[0][0].numpy()
+        return gc.pte_step(self.method, token_ids, input_pos)

@@ -135,3 +135,78 @@ def test_int4_recipe_keeps_the_lm_head_at_8_bits(exported, tmp_path: Path) -> No
     assert bits.pop(f"{head}_Q8") == 8 and bits and set(bits.values()) == {4}
     result = verify_artifact(q, info, model, recipe, PROMPTS)
     assert 0 < result["max_abs_logit_diff"] < recipe.tolerance
+
+
+# ---- fused contrib-op graphs (exporters.onnx_fused), the onnx backend's default --------------
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, GraphInfo]]:
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    model = build_model(SPEC, seed=5, max_seq_len=32)
+    out = {}
+    for quant in ("fp32", "int8", "int4"):
+        path = tmp_path_factory.mktemp(f"fused_{quant}") / "target.onnx"
+        info = graph_info(model, SPEC, file=path.name, quantization=quant, seq_len=None)
+        export_onnx(model, path, info=info, recipe=get_recipe("onnx", quant), fused=True)
+        out[quant] = path, info
+    return out
+
+
+def test_fused_graph_uses_contrib_ops_and_shared_caches(fused) -> None:
+    import onnx
+
+    from omnidraft_deploy.graph_contract import CacheIO, cache_io_of
+
+    path, _ = fused["int8"]
+    proto = onnx.load(str(path))
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "SkipSimplifiedLayerNormalization" in ops
+    assert "MatMul" not in ops and "Softmax" not in ops  # every weight matmul is MatMulNBits
+    levels = {a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"}  # fmt: skip
+    assert levels == {4}  # int8 compute: the fast CPU kernel
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == input_names(2)
+    assert cache_io_of([o.name for o in sess.get_outputs()]) is CacheIO.SHARED
+
+
+@pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
+def test_fused_graph_matches_eager_incl_rollback(fused, quant: str) -> None:
+    path, info = fused[quant]
+    model = build_model(SPEC, seed=5, max_seq_len=32)
+    recipe = get_recipe("onnx", quant)
+    result = verify_artifact(path, info, model, recipe, PROMPTS)
+    bound = 1e-4 if quant == "fp32" else recipe.tolerance
+    assert result["max_abs_logit_diff"] < bound and result["rollback_max_abs_diff"] < bound
+    assert result["speed_decode_tok_s"] > 0 and result["speed_verify_len"] == 5
+
+
+def test_fused_graph_ort_format_matches(fused, tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.onnx import convert_to_ort
+
+    path, info = fused["fp32"]
+    copy = tmp_path / "target.onnx"
+    copy.write_bytes(path.read_bytes())
+    model = build_model(SPEC, seed=5, max_seq_len=32)
+    result = verify_artifact(convert_to_ort(copy), info, model, get_recipe("onnx", "fp32"), PROMPTS)
+    assert result["max_abs_logit_diff"] < 1e-4
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_block_quantiser_round_trips_within_half_a_step(bits: int) -> None:
+    from omnidraft_deploy.exporters.onnx_fused import quantize_blocks
+
+    w = torch.randn(6, 70, generator=torch.Generator().manual_seed(0))  # 70: a padded last block
+    q, scales, zp = quantize_blocks(w, bits, 32)
+    s = torch.from_numpy(scales).view(6, 3, 1)
+    if bits == 8:
+        vals, z = torch.from_numpy(q).float(), torch.full((6, 3, 1), 128.0)
+    else:
+        b = torch.from_numpy(q)
+        vals = torch.stack([b & 15, b >> 4], -1).view(6, 3, 32).float()
+        zb = torch.from_numpy(zp).view(6, 2)
+        z = torch.stack([zb & 15, zb >> 4], -1).view(6, 4)[:, :3, None].float()
+    deq = ((vals - z) * s).view(6, 96)[:, :70]
+    assert float(((deq - w).abs() / s.repeat_interleave(32, 1).view(6, 96)[:, :70]).max()) <= 0.5001

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role
+from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 MAX_SEQ_LEN = 32
@@ -27,6 +27,7 @@ def tiny_spec(vocab: int, n_kv_heads: int = 4) -> ModelSpec:
         n_kv_heads,
         64,
         max_seq_len=MAX_SEQ_LEN,
+        source=Source.RANDOM,
     )
 
 

@@ -1,0 +1,236 @@
+"""Recipe: Transformer -> ONNX graph of ONNX Runtime's fused contrib ops (the ``onnx`` backend).
+
+Written node by node from the weights (no tracing: seconds, not minutes), the layout ONNX Runtime
+GenAI's model builder emits for Llama / Qwen2 on CPU:
+
+- ``SimplifiedLayerNormalization`` / ``SkipSimplifiedLayerNormalization`` (RMSNorm + residual);
+- one packed q|k|v projection feeding ``GroupQueryAttention`` with ``do_rotary`` (HF rotate-half
+  RoPE from cos/sin caches) and past/present KV buffers of ``max_seq_len`` slots;
+- weight matmuls as ``MatMul`` (fp32) or ``MatMulNBits`` (int8 symmetric / int4 asymmetric, blocks
+  of ``group_size`` along the input dimension, ``accuracy_level=4``: int8 compute, ~24x faster
+  than fp32 compute for 8-bit weights here); gate|up packed into one matmul.
+
+Cache contract (``omnidraft_deploy.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
+``input_pos`` (contiguous positions; ``seqlens_k = input_pos[-1]``, ``total_sequence_length =
+input_pos[-1] + 1``) and ``cache_i``; outputs ``logits`` and ``present_i``, which the host binds
+to the same buffer as ``cache_i``, so GroupQueryAttention writes this chunk's k/v in place at
+``input_pos`` and attends to slots ``<= input_pos``. Rollback is calling again at an earlier
+position: stale slots past it are outside ``total_sequence_length`` and then overwritten.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omnidraft_deploy.exporters.quantize import QuantRecipe
+from torch import Tensor
+
+from omnidraft_deploy import graph_contract as gc
+from omnidraft_deploy.reference.model import DecoderLayer, Transformer, rope_tables
+
+MS = "com.microsoft"
+ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations x int8/int4 weights (fp32 accumulate)
+
+
+def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``w (N, K)`` -> MatMulNBits ``B (N, n_blocks, block*bits/8) uint8``, ``scales (N*n_blocks,)``,
+    ``zero_points`` (4-bit: packed ``(N*ceil(n_blocks/2),) uint8``; 8-bit: None = 128).
+
+    8-bit: symmetric per block (``q = round(w/s) + 128``); 4-bit: asymmetric min/max per block
+    with the range widened to hold 0 (GGUF Q4_1's layout). Two 4-bit values per byte, low first.
+    """
+    n, k = w.shape
+    n_blocks = -(-k // block)
+    wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k)).view(n, n_blocks, block)
+    if bits == 8:
+        scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
+        q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
+        return q.numpy(), scale.reshape(-1).numpy(), None
+    lo, hi = wb.amin(-1).clamp(max=0), wb.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+    zp = torch.round(-lo / scale).clamp(0, 15)
+    q = (torch.round(wb / scale[..., None]) + zp[..., None]).clamp(0, 15).to(torch.uint8)
+    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
+    zq = torch.nn.functional.pad(zp.to(torch.uint8), (0, n_blocks % 2))
+    zp_packed = (zq[:, 0::2] | (zq[:, 1::2] << 4)).reshape(-1)
+    return packed.numpy(), scale.reshape(-1).numpy(), zp_packed.numpy()
+
+
+class GraphWriter:
+    """Nodes + initializers of one graph; ``bits`` 0 = fp32 matmuls, 8 / 4 = MatMulNBits."""
+
+    def __init__(self, bits: int, block: int) -> None:
+        from onnx import helper, numpy_helper
+
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.bits, self.block = bits, block
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+
+    def const(self, name: str, value: np.ndarray | Tensor) -> str:
+        arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
+        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> list[str]:
+        domain = MS if op in _CONTRIB else ""
+        name = f"{op}_{len(self.nodes)}"
+        self.nodes.append(
+            self.helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs)
+        )
+        return outputs
+
+    def linear(self, name: str, x: str, w: Tensor, bias: Tensor | None = None) -> str:
+        """``x (1, T, K) @ w.T (+ bias)``: ``w (N, K)`` as MatMul or MatMulNBits."""
+        out = f"{name}/out"
+        n, k = w.shape
+        if self.bits == 0:
+            self.node("MatMul", [x, self.const(f"{name}.weight_t", w.T.contiguous())], [out])
+        else:
+            q, scales, zp = quantize_blocks(w.detach(), self.bits, self.block)
+            ins = [x, self.const(f"{name}.qweight", q), self.const(f"{name}.scales", scales)]
+            if zp is not None:
+                ins.append(self.const(f"{name}.zero_points", zp))
+            self.node(
+                "MatMulNBits", ins, [out], K=k, N=n, bits=self.bits, block_size=self.block,
+                accuracy_level=ACCURACY_LEVEL,
+            )  # fmt: skip
+        if bias is None:
+            return out
+        self.node("Add", [out, self.const(f"{name}.bias", bias)], [f"{name}/biased"])
+        return f"{name}/biased"
+
+
+_CONTRIB = {
+    "MatMulNBits",
+    "GroupQueryAttention",
+    "SkipSimplifiedLayerNormalization",
+}
+
+
+def _positions(g: GraphWriter) -> tuple[str, str]:
+    """``seqlens_k (1,) int32 = input_pos[-1]`` and ``total_sequence_length () int32 = +1``."""
+    g.node("Gather", [gc.INPUT_POS, g.const("pos/last_idx", np.array(-1, np.int64))], ["pos/last"])
+    g.node("Cast", ["pos/last"], ["pos/last32"], to=6)
+    g.node("Unsqueeze", ["pos/last32", g.const("pos/axes", np.array([0], np.int64))], ["seqlens_k"])
+    g.node("Add", ["pos/last32", g.const("pos/one", np.array(1, np.int32))], ["total_seq_len"])
+    return "seqlens_k", "total_seq_len"
+
+
+def _layer(model: Transformer, i: int) -> DecoderLayer:
+    layer = model.model.layers[i]
+    assert isinstance(layer, DecoderLayer)
+    return layer
+
+
+def _attention(g: GraphWriter, model: Transformer, i: int, h: str, pos: tuple[str, str]) -> str:
+    a, attn = model.args, _layer(model, i).self_attn
+    w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+    b = None if any(x is None for x in biases) else torch.cat(biases)  # type: ignore[arg-type]
+    qkv = g.linear(f"layers.{i}.qkv_proj", h, w, b)
+    out = f"layers.{i}.attn/out"
+    g.node(
+        "GroupQueryAttention",
+        [qkv, "", "", gc.cache_in(2 * i), gc.cache_in(2 * i + 1), *pos, "cos_cache", "sin_cache"],
+        [out, gc.cache_present(2 * i), gc.cache_present(2 * i + 1)],
+        num_heads=a.n_heads, kv_num_heads=a.n_kv_heads, do_rotary=1, rotary_interleaved=0,
+    )  # fmt: skip
+    return g.linear(f"layers.{i}.o_proj", out, attn.o_proj.weight)
+
+
+def _mlp(g: GraphWriter, model: Transformer, i: int, h: str) -> str:
+    mlp = _layer(model, i).mlp
+    gu = g.linear(f"layers.{i}.gate_up", h, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    p = f"layers.{i}.mlp"
+    g.node("Split", [gu], [f"{p}/gate", f"{p}/up"], axis=-1, num_outputs=2)
+    g.node("Sigmoid", [f"{p}/gate"], [f"{p}/sig"])
+    g.node("Mul", [f"{p}/gate", f"{p}/sig"], [f"{p}/silu"])
+    g.node("Mul", [f"{p}/silu", f"{p}/up"], [f"{p}/act"])
+    return g.linear(f"layers.{i}.down_proj", f"{p}/act", mlp.down_proj.weight)
+
+
+def _norm(g: GraphWriter, x: str, skip: str | None, weight: Tensor, name: str, eps: float) -> str:
+    """RMSNorm of ``x`` (+ ``skip``): returns the normed name; the sum is ``name/sum``."""
+    w = g.const(f"{name}.weight", weight)
+    if skip is None:
+        g.node("SimplifiedLayerNormalization", [x, w], [f"{name}/out"], epsilon=eps, axis=-1)
+        g.node("Identity", [x], [f"{name}/sum"])
+    else:
+        outs = [f"{name}/out", "", "", f"{name}/sum"]
+        g.node("SkipSimplifiedLayerNormalization", [x, skip, w], outs, epsilon=eps)
+    return f"{name}/out"
+
+
+def build_graph(model: Transformer, recipe: QuantRecipe | None) -> Any:
+    """The fused ``onnx.ModelProto`` of ``model`` (weights inline; see ``save_model``)."""
+    from onnx import TensorProto, helper
+
+    a = model.args
+    bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
+    g = GraphWriter(bits, recipe.group_size if recipe else 32)
+    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta)
+    g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
+    g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
+    pos = _positions(g)
+    emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
+    g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])
+    x, skip, eps = "embeds", None, a.norm_eps
+    for i in range(a.n_layers):
+        layer = _layer(model, i)
+        h = _norm(g, x, skip, layer.input_layernorm.weight, f"layers.{i}.input_norm", eps)
+        x, skip = _attention(g, model, i, h, pos), f"layers.{i}.input_norm/sum"
+        h = _norm(g, x, skip, layer.post_attention_layernorm.weight, f"layers.{i}.post_norm", eps)
+        x, skip = _mlp(g, model, i, h), f"layers.{i}.post_norm/sum"
+    h = _norm(g, x, skip, model.model.norm.weight, "final_norm", eps)
+    _lm_head(g, model, h, tied=a.tie_embeddings and bits == 0)
+    n = 2 * a.n_layers
+    cache: list[str | int] = [
+        "batch",
+        a.n_kv_heads,
+        "cache_len",
+        a.head_dim,
+    ]  # cache_len = max_seq_len when shared
+    inputs = [
+        helper.make_tensor_value_info(gc.TOKEN_IDS, TensorProto.INT64, [1, "T"]),
+        helper.make_tensor_value_info(gc.INPUT_POS, TensorProto.INT64, ["T"]),
+        *(
+            helper.make_tensor_value_info(gc.cache_in(j), TensorProto.FLOAT, cache)
+            for j in range(n)
+        ),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(gc.LOGITS, TensorProto.FLOAT, [1, "T", a.vocab_size]),
+        *(helper.make_tensor_value_info(gc.cache_present(j), TensorProto.FLOAT, cache) for j in range(n)),
+    ]  # fmt: skip
+    graph = helper.make_graph(g.nodes, "omnidraft_fused", inputs, outputs, g.inits)
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="omnidraft-deploy")
+
+
+def _lm_head(g: GraphWriter, model: Transformer, h: str, *, tied: bool) -> None:
+    """fp32 tied head: Gemm(transB) on the embedding table (no transposed copy of it)."""
+    if not tied:
+        g.node("Identity", [g.linear("lm_head", h, model.lm_head.weight)], [gc.LOGITS])
+        return
+    v = model.args.vocab_size
+    g.node("Reshape", [h, g.const("head/2d", np.array([-1, model.args.dim], np.int64))], ["h2d"])
+    g.node("Gemm", ["h2d", "embed_tokens.weight"], ["logits2d"], transB=1)
+    g.node("Reshape", ["logits2d", g.const("head/3d", np.array([1, -1, v], np.int64))], [gc.LOGITS])
+
+
+def save_model(proto: Any, path: Path, *, external: bool) -> None:
+    """``onnx.save`` to ``path``; ``external``: weights in ``<name>.data`` beside it (> 2 GB)."""
+    import onnx
+
+    onnx.save(
+        proto,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data" if external else None,
+        size_threshold=1024,
+    )

@@ -103,7 +103,9 @@ def _default_verify(
 
     def verify(path: Path, info: GraphInfo, eager: Transformer) -> dict[str, float]:
         role = "target" if path.stem == "target" else "drafter"
-        return verify_artifact(path, info, eager, recipe, (prompts or {}).get(role))
+        return verify_artifact(
+            path, info, eager, recipe, (prompts or {}).get(role), verify_len=cfg.draft_len + 1
+        )
 
     return verify
 
@@ -125,10 +127,14 @@ def _export_role(
             recipe=get_recipe(cfg.backend, cfg.quantization), draft_len=cfg.draft_len,
             eos_ids=eos_ids, bundle_hash=bundle_hash,
         )  # fmt: skip
+    speed: dict[str, float] = {}
     if verify is not None:
         with stage(stages, "verify"):
-            info = dataclasses.replace(info, parity=verify(tmp / info.file, info, model))
-    extras[role] = {"stages": stages, cfg.backend: facts, "bytes": (tmp / info.file).stat().st_size}
+            checked = verify(tmp / info.file, info, model)
+        speed = {k: checked.pop(k) for k in list(checked) if k.startswith("speed_")}
+        info = dataclasses.replace(info, parity=checked)
+    extras[role] = {"stages": stages, cfg.backend: facts, "bytes": (tmp / info.file).stat().st_size,
+                    "speed": speed}  # fmt: skip
     return info
 
 

@@ -64,13 +64,13 @@ class EarlyExitRecipe:
 
     parent: str  # preset whose first layers are kept
     target: str  # preset whose top-k distributions are distilled
-    windows_per_task: int = 40  # target-token windows per corpus task (top-k precomputed once)
+    windows_per_task: int = 6  # target-token windows per corpus task (top-k precomputed once)
     window: int = 128  # target tokens per window
     topk: int = 8
-    steps: int = 160  # optimiser steps (AdamW, warmup + cosine)
-    batch_size: int = 4  # windows per step
-    lr: float = 2e-4
-    warmup: int = 10
+    steps: int = 40  # optimiser steps (AdamW, warmup + cosine)
+    batch_size: int = 2  # windows per step
+    lr: float = 3e-4
+    warmup: int = 5
     lam: float = 1.0  # L_DM + lam * L_Ngram
     seed: int = 0
 

@@ -12,6 +12,8 @@ Sources (``ModelSpec.source``; ``weights`` overrides the preset's own):
 - ``hf`` / ``gguf``: the preset's hub id or pinned GGUF asset (``hf_adapter.load_preset_weights``);
 - ``pretrain``: ``distill.pretrain.load_pretrained``, trained on first use and cached keyed by
   config + corpus hash.
+- ``early_exit``: ``distill.offline.load_early_exit``: the parent's first layers, distilled against
+  the target on first use and cached keyed by recipe + corpus hash.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def load_model(
         from omnidraft_deploy.distill.pretrain import load_pretrained
 
         return load_pretrained(spec, max_seq_len=max_seq_len or spec.max_seq_len)
+    if spec.source is Source.EARLY_EXIT:
+        from omnidraft_deploy.distill.offline import load_early_exit
+
+        return load_early_exit(spec, max_seq_len=max_seq_len)
     from omnidraft_deploy.reference.hf_adapter import load_preset_weights
 
     return load_preset_weights(spec.name, max_seq_len=max_seq_len)[0]

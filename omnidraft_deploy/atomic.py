@@ -164,6 +164,27 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def _retire(folder: Path, marker: str = "manifest.json") -> None:
+    """Delete a replaced folder, its marker first: a kill midway leaves no complete copy."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder / marker)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def is_ours(folder: Path) -> bool:
+    """True for a folder named like our staging / previous-version folders (never a bundle)."""
+    name = folder.name
+    if name.startswith(".") and name.endswith(".old") and len(name) > 5:
+        return True
+    parts = name.rsplit(".", 2)
+    return (
+        name.startswith(".")
+        and len(parts) == 3
+        and parts[2] == "partial"
+        and _RANDOM.fullmatch(parts[1]) is not None
+    )
+
+
 def publish_dir(staged: Path, final: Path, *, exchange: bool = True) -> None:
     """Make the complete folder ``staged`` appear at ``final`` (see the module docstring).
 
@@ -172,13 +193,13 @@ def publish_dir(staged: Path, final: Path, *, exchange: bool = True) -> None:
     if not os.path.lexists(final):
         os.rename(staged, final)
     elif exchange and _exchange(staged, final):
-        shutil.rmtree(staged, ignore_errors=True)  # now the previous version; a kill: stale partial
+        _retire(staged)  # now the previous version
     else:
         old = old_path(final)
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
         os.rename(staged, final)  # a kill before this line: recover_dir restores ``old``
-        shutil.rmtree(old, ignore_errors=True)
+        _retire(old)
     _fsync_dir(final.parent)
 
 

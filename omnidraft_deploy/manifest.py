@@ -357,10 +357,12 @@ def read_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
 
     A bundle whose swap was killed between its two renames is restored first (``recover_dir``).
     """
-    from omnidraft_deploy.atomic import recover_dir
+    from omnidraft_deploy.atomic import is_ours, recover_dir
     from omnidraft_deploy.bundle_fs import read_plain
 
     root = Path(bundle_dir)
+    if is_ours(root):
+        raise BundleError(root, "a staging or replaced folder of an export, never a bundle")
     recover_dir(root, marker=MANIFEST_NAME)
     path = root / MANIFEST_NAME
     if not os.path.lexists(path):

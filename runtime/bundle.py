@@ -205,14 +205,21 @@ def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> 
         return shipped
 
 
-def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
-    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
+def check_bundle(bundle_dir: str | Path) -> tuple[Manifest, VocabMapper, NGramCache]:
+    """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet."""
     root = Path(bundle_dir)
     manifest = verify_bundle(root)
-    provider = provider or default_provider(manifest)
     mapper, cache = load_tables(root, manifest)
     for role in ("drafter", "target"):  # every graph's metadata before any session is created
         check_graph(root, manifest, role)
+    return manifest, mapper, cache
+
+
+def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
+    root = Path(bundle_dir)
+    manifest, mapper, cache = check_bundle(root)
+    provider = provider or default_provider(manifest)
     d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
     drafter = load_graph_file(root / d_info.file, d_info, provider=provider)
     target = load_graph_file(root / t_info.file, t_info, provider=provider)

@@ -37,6 +37,7 @@ from omnidraft_deploy.backends import Backend as Backend
 from omnidraft_deploy.backends import QuantRecipe as QuantRecipe
 from omnidraft_deploy.backends import get_recipe as get_recipe
 from omnidraft_deploy.backends import recipe_names as recipe_names
+from omnidraft_deploy.graph_contract import LOGITS
 
 
 def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
@@ -130,7 +131,7 @@ def _swap(model: nn.Module, kind: type[nn.Module], make: object) -> None:
 def _lm_head_node(model: Any) -> str | None:
     """Name of the MatMul that produces the ``logits`` output (through reshapes), if any."""
     producer = {o: n for n in model.graph.node for o in n.output}
-    name, seen = "logits", 0
+    name, seen = LOGITS, 0
     while name in producer and seen < 8:
         node = producer[name]
         if node.op_type == "MatMul":

@@ -1,59 +1,145 @@
-"""Dependency rules (STYLE.md): exporters and runtime never import each other; the core imports
-neither, except the composition roots ``cli`` and ``commands`` (inside their verb handlers)."""
+"""Architecture rules (STYLE.md) as a test, over the library folders (tests are free):
+
+- exporters and runtime never import each other; the core imports neither, except the one
+  composition root ``cli.py`` (inside its verb handlers);
+- one model loader: only ``reference/load.py`` calls the weight sources (random init, HF / GGUF
+  weights, the pretraining cache); the sources themselves are the other allowed files;
+- one graph-call contract: graph input / output names are spelled only in
+  ``omnidraft_deploy/graph_contract.py``;
+- one backend list: no literal collection of backend names outside ``omnidraft_deploy/backends.py``.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSITION_ROOTS = frozenset({"cli.py", "commands.py"})
+LIBRARY = ("omnidraft_deploy", "exporters", "runtime", "benchmarks")
+COMPOSITION_ROOTS = frozenset({"omnidraft_deploy/cli.py"})
+# name -> the modules that may import it: the loader and the weight sources themselves
+# (pretraining builds its compact model; ``testing`` builds the fakes' toy models)
+LOADER_SOURCES = {
+    "build_model": {
+        "omnidraft_deploy/reference/load.py",
+        "omnidraft_deploy/distill/pretrain.py",
+        "omnidraft_deploy/testing.py",
+    },
+    "load_preset_weights": {"omnidraft_deploy/reference/load.py"},
+    "load_pretrained": {"omnidraft_deploy/reference/load.py"},
+    "load_hf_folder": {"omnidraft_deploy/reference/load.py"},
+}  # hf_adapter.gguf_to_hf_folder is not listed: it converts files for transformers / GenAI
+HF_LOAD = ("omnidraft_deploy.reference.hf_adapter", "load_model")
+CONTRACT = "omnidraft_deploy/graph_contract.py"
+BACKENDS = "omnidraft_deploy/backends.py"
 
 
-def _imports(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def _files(folders: tuple[str, ...] = LIBRARY) -> Iterator[tuple[str, ast.Module]]:
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            yield rel, ast.parse(path.read_text(), rel)
+
+
+def _imports(tree: ast.Module) -> set[tuple[str, str]]:
+    """(module, name) of every import (name "" for ``import module``)."""
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+            found.update((node.module, a.name) for a in node.names)
         elif isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-    return names
-
-
-def _violations(
-    folder: str, forbidden: tuple[str, ...], skip: frozenset[str] = frozenset()
-) -> list[str]:
-    out = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        if path.name in skip:
-            continue
-        out += [
-            f"{path.relative_to(ROOT)} imports {m}"
-            for m in sorted(_imports(path))
-            if m.startswith(forbidden)
-        ]
-    return out
+            found.update((a.name, "") for a in node.names)
+    return found
 
 
 @pytest.mark.parametrize(
-    ("folder", "forbidden", "skip"),
+    ("folder", "forbidden"),
     [
-        ("exporters", ("omnidraft_deploy.runtime",), frozenset()),
-        ("runtime", ("omnidraft_deploy.exporters",), frozenset()),
-        (
-            "omnidraft_deploy",
-            ("omnidraft_deploy.exporters", "omnidraft_deploy.runtime"),
-            COMPOSITION_ROOTS,
-        ),
+        ("exporters", ("omnidraft_deploy.runtime",)),
+        ("runtime", ("omnidraft_deploy.exporters",)),
+        ("omnidraft_deploy", ("omnidraft_deploy.exporters", "omnidraft_deploy.runtime")),
     ],
 )
-def test_layering(folder: str, forbidden: tuple[str, ...], skip: frozenset[str]) -> None:
-    assert _violations(folder, forbidden, skip) == []
+def test_layering(folder: str, forbidden: tuple[str, ...]) -> None:
+    bad = [
+        f"{rel} imports {module}"
+        for rel, tree in _files((folder,))
+        if rel not in COMPOSITION_ROOTS
+        for module, _ in sorted(_imports(tree))
+        if module.startswith(forbidden)
+    ]
+    assert bad == []
 
 
-def test_the_check_sees_imports(tmp_path: Path) -> None:
-    f = tmp_path / "m.py"
-    f.write_text("def g():\n    from omnidraft_deploy.runtime.bundle import open_bundle\n")
-    assert _imports(f) == {"omnidraft_deploy.runtime.bundle"}
+def _loader_violations(rel: str, tree: ast.Module) -> list[str]:
+    bad = []
+    for module, name in _imports(tree):
+        allowed = LOADER_SOURCES.get(name)
+        if allowed is not None and rel not in allowed:
+            bad.append(f"{rel} imports {name} from {module}: load through reference.load")
+        if (module, name) == HF_LOAD and rel != "omnidraft_deploy/reference/load.py":
+            bad.append(f"{rel} imports hf_adapter.load_model: load through reference.load")
+    return bad
+
+
+def test_one_model_loader() -> None:
+    assert [v for rel, tree in _files() for v in _loader_violations(rel, tree)] == []
+
+
+def _literal_io_names(tree: ast.Module) -> list[tuple[int, str]]:
+    from omnidraft_deploy import graph_contract as gc
+
+    names = {gc.TOKEN_IDS, gc.INPUT_POS, gc.LOGITS}
+    prefixes = tuple(f(0)[:-1] for f in (gc.cache_in, gc.cache_chunk_out, gc.cache_present))
+    numbered = re.compile("(" + "|".join(map(re.escape, prefixes)) + r")\d+")  # cache_3, ...
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in names or numbered.fullmatch(node.value):
+                hits.append((node.lineno, node.value))
+        elif isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value) in prefixes:
+                hits.append((node.lineno, f"{head.value}{{...}}"))
+    return hits
+
+
+def test_graph_io_names_live_in_the_contract_module() -> None:
+    bad = [
+        f"{rel}:{line} spells the graph name {name!r}: use omnidraft_deploy.graph_contract"
+        for rel, tree in _files()
+        if rel != CONTRACT
+        for line, name in _literal_io_names(tree)
+    ]
+    assert bad == []
+
+
+def test_one_backend_list() -> None:
+    from omnidraft_deploy.backends import backend_names
+
+    names, bad = set(backend_names()), []
+    for rel, tree in _files():
+        for node in ast.walk(tree):
+            if rel != BACKENDS and isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
+                elts = node.keys if isinstance(node, ast.Dict) else node.elts
+                found = {e.value for e in elts if isinstance(e, ast.Constant)} & names
+                if len(found) >= 2:
+                    bad.append(f"{rel}:{node.lineno} lists backends {sorted(found)}")
+    assert bad == []
+
+
+def test_the_checks_see_violations(tmp_path: Path) -> None:
+    src = (
+        "def g():\n    from omnidraft_deploy.runtime.bundle import open_bundle\n"
+        "    from omnidraft_deploy.reference.model import build_model\n"
+        "    return {'logits': 1, 'x': f'cache_{g}', 'y': 'present_3', 'z': 'cache_len'}\n"
+    )
+    tree = ast.parse(src)
+    assert ("omnidraft_deploy.runtime.bundle", "open_bundle") in _imports(tree)
+    assert len(_loader_violations("exporters/x.py", tree)) == 1
+    assert _loader_violations("omnidraft_deploy/reference/load.py", tree) == []
+    assert sorted(v for _, v in _literal_io_names(tree)) == ["cache_{...}", "logits", "present_3"]

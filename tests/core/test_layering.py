@@ -104,7 +104,7 @@ def _literal_io_names(tree: ast.Module) -> list[tuple[int, str]]:
         elif isinstance(node, ast.JoinedStr) and node.values:
             head = node.values[0]
             if isinstance(head, ast.Constant) and str(head.value) in prefixes:
-                hits.append((node.lineno, f"{head.value}{{...}}"))
+                hits.append((node.lineno, f"{head.value!s}{{...}}"))
     return hits
 
 
@@ -126,7 +126,7 @@ def test_one_backend_list() -> None:
         for node in ast.walk(tree):
             if rel != BACKENDS and isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Dict):
                 elts = node.keys if isinstance(node, ast.Dict) else node.elts
-                found = {e.value for e in elts if isinstance(e, ast.Constant)} & names
+                found = {str(e.value) for e in elts if isinstance(e, ast.Constant)} & names
                 if len(found) >= 2:
                     bad.append(f"{rel}:{node.lineno} lists backends {sorted(found)}")
     assert bad == []

@@ -92,7 +92,7 @@ def export_onnx_graph(
     int4 graph is the fused contrib-op graph (``exporters.onnx_fused``).
     """
     from omnidraft_deploy.exporters.onnx import (
-        FUSED_RECIPES,
+        can_fuse,
         convert_to_ort,
         export_onnx,
         ort_format_blocker,
@@ -100,7 +100,7 @@ def export_onnx_graph(
 
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
     swappable = role == "drafter" and recipe.name == "fp32"
-    fused = not swappable and recipe.name in FUSED_RECIPES
+    fused = not swappable and can_fuse(model.args, recipe.name)
     path = export_onnx(
         model,
         out_dir / info.file,

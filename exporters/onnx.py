@@ -41,7 +41,7 @@ from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_o
 
 from omnidraft_deploy.graph_contract import input_names, output_names
 from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = "1"
@@ -115,14 +115,23 @@ def export_onnx(
 FUSED_RECIPES = ("fp32", "int8", "int4")
 
 
+def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
+    """Whether the fused graph can be written: its recipes, and GroupQueryAttention's CPU kernel
+    needs head_dim % 16 == 0 (every real preset: 64 or 128; some test toys have 8)."""
+    return recipe_name in FUSED_RECIPES and args.head_dim % 16 == 0
+
+
 def _export_fused(
     model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None, bundle_hash: str
 ) -> Path:
     from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
 
     name = recipe.name if recipe else "fp32"
-    if name not in FUSED_RECIPES:
-        raise ValueError(f"{path.name}: fused graphs take {FUSED_RECIPES}, not {name!r}")
+    if not can_fuse(model.args, name):
+        raise ValueError(
+            f"{path.name}: no fused graph for {name!r} (recipes {FUSED_RECIPES}) with head_dim "
+            f"{model.args.head_dim} (GroupQueryAttention needs a multiple of 16)"
+        )
     t0 = time.perf_counter()
     with torch.no_grad():
         proto = build_graph(model, recipe)

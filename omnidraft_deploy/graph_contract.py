@@ -105,7 +105,7 @@ class ExplicitCacheGraph:
     """One ONNX Runtime session plus its host-held caches, stepped by position via IOBinding.
 
     ``caches``: the numpy buffers ``(1, KV, max_seq_len, D)``, aliased by the bound OrtValues
-    (writing into them changes what the next call sees).
+    (writing into them changes what the next call sees; they cannot be replaced, only ``reset``).
     """
 
     def __init__(self, session: Any, info: GraphInfo) -> None:
@@ -120,8 +120,8 @@ class ExplicitCacheGraph:
         """Fresh zero caches (new buffers and bindings)."""
         info = self.info
         shape = (1, info.n_kv_heads, info.max_seq_len, info.head_dim)
-        self.caches = [np.zeros(shape, np.float32) for _ in range(2 * info.n_layers)]
-        self._values = [self._ort.OrtValue.ortvalue_from_numpy(c) for c in self.caches]
+        self._caches = tuple(np.zeros(shape, np.float32) for _ in range(2 * info.n_layers))
+        self._values = [self._ort.OrtValue.ortvalue_from_numpy(c) for c in self._caches]
         self._binding = self.session.io_binding()
         for i, value in enumerate(self._values):
             self._binding.bind_ortvalue_input(cache_in(i), value)
@@ -137,6 +137,10 @@ class ExplicitCacheGraph:
                 b.bind_ortvalue_output(cache_present(i), value)
             else:
                 b.bind_output(cache_chunk_out(i), "cpu")
+
+    @property
+    def caches(self) -> tuple[np.ndarray, ...]:
+        return self._caches
 
     def feeds(self, token_ids: np.ndarray, input_pos: np.ndarray) -> dict[str, np.ndarray]:
         """The full input dict of one call, caches copied (calibration data readers)."""

@@ -69,7 +69,7 @@ def test_logits_match_eager_through_rollback(setup: Setup, graph: str) -> None:
 def test_static_graph_padding_never_writes_cache(setup: Setup) -> None:
     """A 1-token call on a T=3 graph pads 2 rows; their k/v must not land in the host cache."""
     model = setup[1]["static3"]
-    model.graph.caches = [c * 0 for c in model.graph.caches]
+    model.graph.reset()  # zero caches (new buffers, bound afresh)
     model.forward(torch.tensor([5]), 4)
     for cache in model.graph.caches:
         assert np.abs(cache[:, :, 4]).sum() > 0
@@ -90,3 +90,26 @@ def test_static_graph_at_end_of_context(setup: Setup) -> None:
 def test_out_of_range_is_refused(setup: Setup) -> None:
     with pytest.raises(ValueError, match=r"v64_s3_kv2_tNone\.onnx: tokens 31\.\.33 outside"):
         setup[1]["gqa_dynamic"].forward(torch.tensor([1, 2]), MAX_SEQ_LEN - 1)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_fused_graph_matches_eager_through_rollback(tmp_path: Path, n_kv_heads: int) -> None:
+    """The fused graph (GroupQueryAttention writing the bound cache in place) follows the same
+    position-addressed contract: rollback is a call at an earlier position."""
+    import dataclasses
+
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from runtime_helpers import tiny_spec
+
+    from omnidraft_deploy.reference.model import build_model
+
+    # GroupQueryAttention needs head_dim % 16 == 0: 2 query heads of 16
+    spec = dataclasses.replace(tiny_spec(64), n_heads=2, n_kv_heads=n_kv_heads)
+    model = build_model(spec, seed=3, init_std=0.2)
+    path = tmp_path / "fused.onnx"
+    info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
+    export_onnx(model, path, info=info, fused=True)
+    ort_model = OrtModel(path, info, threads=1)
+    for a, b in zip(_script(ort_model), _script(EagerLM(model)), strict=True):
+        assert float((a - b).abs().max()) < TOL

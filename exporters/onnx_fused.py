@@ -212,14 +212,14 @@ def build_graph(model: Transformer, recipe: QuantRecipe | None) -> Any:
 
 
 def _lm_head(g: GraphWriter, model: Transformer, h: str, *, tied: bool) -> None:
-    """fp32 tied head: Gemm(transB) on the embedding table (no transposed copy of it)."""
+    """fp32 tied head: MatMul on a Transpose of the embedding table, which ONNX Runtime folds
+    into a transposed copy when the session loads (the file keeps one table; GenAI does the same).
+    """
     if not tied:
         g.node("Identity", [g.linear("lm_head", h, model.lm_head.weight)], [gc.LOGITS])
         return
-    v = model.args.vocab_size
-    g.node("Reshape", [h, g.const("head/2d", np.array([-1, model.args.dim], np.int64))], ["h2d"])
-    g.node("Gemm", ["h2d", "embed_tokens.weight"], ["logits2d"], transB=1)
-    g.node("Reshape", ["logits2d", g.const("head/3d", np.array([1, -1, v], np.int64))], [gc.LOGITS])
+    g.node("Transpose", ["embed_tokens.weight"], ["lm_head.weight_t"], perm=[1, 0])
+    g.node("MatMul", [h, "lm_head.weight_t"], [gc.LOGITS])
 
 
 def save_model(proto: Any, path: Path, *, external: bool) -> None:

@@ -210,3 +210,19 @@ def test_block_quantiser_round_trips_within_half_a_step(bits: int) -> None:
         z = torch.stack([zb & 15, zb >> 4], -1).view(6, 4)[:, :3, None].float()
     deq = ((vals - z) * s).view(6, 96)[:, :70]
     assert float(((deq - w).abs() / s.repeat_interleave(32, 1).view(6, 96)[:, :70]).max()) <= 0.5001
+
+
+def test_fused_graph_with_tied_embeddings(tmp_path: Path) -> None:
+    """Tied lm_head (SmolLM2, Qwen2.5-0.5B): one table in the file, MatMul on its Transpose."""
+    import onnx
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    spec = dataclasses.replace(SPEC, tie_embeddings=True)
+    model = build_model(spec, seed=7, max_seq_len=32)
+    path = tmp_path / "target.onnx"
+    info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
+    export_onnx(model, path, info=info, recipe=get_recipe("onnx", "fp32"), fused=True)
+    tables = [i for i in onnx.load(str(path)).graph.initializer if i.dims[:1] == [384]]
+    assert len(tables) == 1
+    result = verify_artifact(path, info, model, get_recipe("onnx", "fp32"), PROMPTS)
+    assert result["max_abs_logit_diff"] < 1e-4

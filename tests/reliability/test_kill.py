@@ -82,5 +82,5 @@ def test_kills_during_real_export_and_weight_swap_lose_nothing(tmp_path: Path, k
         from killing import run_child
 
         run_child("export", target, 0, kill_after=None)
-    s = kill_loop(kind, target, scale(3, 30), check=_bundle_ok, partial_validates=_bundle_ok)
+    s = kill_loop(kind, target, scale(2, 12), check=_bundle_ok, partial_validates=_bundle_ok)
     _report(f"kill: {kind} (tiny onnx)", s)

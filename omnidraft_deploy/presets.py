@@ -60,24 +60,26 @@ class PretrainSchedule:
 class EarlyExitRecipe:
     """How ``distill.offline`` builds an ``early_exit`` preset: the first ``n_layers`` of ``parent``
     (plus its final norm and lm_head), distilled against ``target``'s top-k on the offline corpus
-    with the hybrid loss (embeddings / tied lm_head frozen). CPU minutes, cached."""
+    with the hybrid loss; only the last ``train_layers`` blocks and the final norm train (the
+    embedding / tied lm_head and the earlier blocks stay frozen). CPU minutes, cached."""
 
     parent: str  # preset whose first layers are kept
     target: str  # preset whose top-k distributions are distilled
     windows_per_task: int = 6  # target-token windows per corpus task (top-k precomputed once)
     window: int = 128  # target tokens per window
     topk: int = 8
-    steps: int = 40  # optimiser steps (AdamW, warmup + cosine)
+    steps: int = 20  # optimiser steps (AdamW, warmup + cosine)
     batch_size: int = 2  # windows per step
-    lr: float = 3e-4
-    warmup: int = 5
+    lr: float = 1e-3
+    warmup: int = 3
     lam: float = 1.0  # L_DM + lam * L_Ngram
+    train_layers: int = 1  # the last blocks trained (plus the final norm); the rest stay frozen
     seed: int = 0
 
     def __post_init__(self) -> None:
         if min(self.windows_per_task, self.steps, self.batch_size, self.topk) < 1 or self.lr <= 0:
             raise ValueError(f"bad early-exit recipe {self}")
-        if self.window < 2 or self.lam < 0 or self.warmup < 0:
+        if self.window < 2 or self.lam < 0 or self.warmup < 0 or self.train_layers < 0:
             raise ValueError(f"bad early-exit recipe {self}")
 
 

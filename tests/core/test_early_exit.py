@@ -134,5 +134,28 @@ def test_offline_rows_equal_the_online_rows_and_training_lowers_the_loss() -> No
     losses = distill(drafter, examples, recipe)
     with torch.no_grad():
         after = float(batch_hybrid_loss(drafter, batch, 1.0))
-    assert len(losses) == 40 and after < 0.8 * before
+    assert len(losses) == 41 and after < 0.8 * before and losses[0] <= before + 1e-4
     assert torch.equal(drafter.model.embed_tokens.weight, embed)  # embeddings stay frozen
+
+
+def test_scale_calibration_folds_the_best_scale_into_the_norm() -> None:
+    from omnidraft_deploy.distill.offline import SCALES, calibrate_scale
+
+    dt, tt = toy_pair()
+    mapper = VocabMapper.from_tokenizers(dt, tt)
+    target = build_model(toy_spec(tt.vocab_size), seed=1, init_std=0.5)
+    drafter = build_model(toy_spec(dt.vocab_size), seed=2, init_std=2.0)  # over-confident
+    with torch.no_grad():
+        examples = examples_from_topk(
+            mapper, _toy_topk(target, [tt.encode("ab ca bc")]), seq_len=16
+        )
+    norm = drafter.model.norm.weight.detach().clone()
+    batch = stack_examples(examples)
+    with torch.no_grad():
+        before = float(batch_hybrid_loss(drafter, batch, 1.0))
+    c, loss = calibrate_scale(drafter, examples, 1.0)
+    with torch.no_grad():
+        after = float(batch_hybrid_loss(drafter, batch, 1.0))
+    assert c in SCALES and c < 1.0 and after < before
+    assert abs(after - loss) < 1e-4 * max(1.0, loss)
+    torch.testing.assert_close(drafter.model.norm.weight, norm * c)

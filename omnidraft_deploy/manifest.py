@@ -196,6 +196,7 @@ class Manifest:
             )
         if type(self.extras) is not dict:
             raise ValueError(f"field extras: expected an object, got {type(self.extras).__name__}")
+        _finite("extras", self.extras)
         if type(self.files) is not dict or len(self.files) > MAX_FILES:
             raise ValueError(f"field files: expected an object of at most {MAX_FILES} entries")
         for rel, entry in self.files.items():
@@ -272,6 +273,20 @@ class Manifest:
             raise BundleError(source, str(e)) from None
 
 
+def _finite(where: str, value: object) -> None:
+    """No NaN / infinity anywhere in free-form JSON (other readers, Java's, refuse them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"field {where}: {value} is not a finite number")
+    for key, item in (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value or [])
+        if isinstance(value, list)
+        else ()
+    ):
+        _finite(f"{where}.{key}", item)
+
+
 def _obj(where: str, value: object) -> dict[str, Any]:
     if type(value) is not dict:
         raise ValueError(f"field {where}: expected an object, got {type(value).__name__}")
@@ -297,9 +312,6 @@ def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_BYTES:
         raise BundleError(source, f"{len(text)} characters, more than {MAX_MANIFEST_BYTES}")
 
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out = dict(pairs)
         if len(out) != len(pairs):
@@ -309,7 +321,7 @@ def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
     if _depth(text) > MAX_JSON_DEPTH:
         raise BundleError(source, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        raw = json.loads(text, parse_constant=no_constants, object_pairs_hook=no_duplicates)
+        raw = json.loads(text, object_pairs_hook=no_duplicates)  # NaN: refused per field
     except (ValueError, RecursionError) as e:
         raise BundleError(source, f"not valid JSON ({e})") from None
     if not isinstance(raw, dict):

@@ -164,12 +164,14 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
         raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
-    if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
+    # drafter ids index the map directly: sizes equal; the target graph may pad its vocabulary
+    if mapper.draft_vocab_size != d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
         raise BundleError(
             root / VOCAB_MAP,
-            f"vocabulary sizes ({mapper.draft_vocab_size}, "
-            f"{mapper.target_vocab_size}) exceed the graphs' ({d_info.vocab_size}, "
-            f"{t_info.vocab_size}) in {MANIFEST_NAME} graphs.drafter/target.vocab_size",
+            f"vocabulary sizes (drafter {mapper.draft_vocab_size}, target "
+            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size} "
+            f"must be equal, target {t_info.vocab_size} at least) in {MANIFEST_NAME} "
+            "graphs.drafter/target.vocab_size",
         )
     data = read_listed(
         root, NGRAM_CACHE, manifest.files, role="ngram_cache", max_bytes=MAX_NGRAM_BYTES

@@ -50,11 +50,14 @@ def _graph_bytes(info: GraphInfo | dict, location: str | None = None) -> bytes:
     return model.SerializeToString()
 
 
+VOCABS = {"target": GRAPH_VOCAB}  # the drafter's is the seed map's (set by make_seed)
+
+
 def _info(role: str) -> GraphInfo:
     preset, tok = {"drafter": ("tiny-llama-68m", "llama2"), "target": ("tiny-llama3-8b", "llama3")}[
         role
     ]
-    return GraphInfo(f"{role}.onnx", preset, "llama", tok, GRAPH_VOCAB, 64, None, 2, 2, 16, "fp32")
+    return GraphInfo(f"{role}.onnx", preset, "llama", tok, VOCABS[role], 64, None, 2, 2, 16, "fp32")
 
 
 def write_manifest(root: Path, doc: dict) -> None:
@@ -75,6 +78,7 @@ def make_seed(root: Path, seed: int = 0) -> Path:
         mapper = small_mapper(rng)
         if mapper.draft_vocab_size >= 2:
             break
+    VOCABS["drafter"] = mapper.draft_vocab_size  # drafter ids index the map directly
     cache = NGramCache()
     for _ in range(20):
         cache.update(

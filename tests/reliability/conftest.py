@@ -23,7 +23,11 @@ RESULTS: dict[str, dict[str, Any]] = {}
 
 
 def scale(quick: int, long: int) -> int:
-    return long if LONG else quick
+    """``quick`` normally; in long mode ``long``, or ``$OMNIDRAFT_FUZZ_N`` for fuzz counts."""
+    if not LONG:
+        return quick
+    override = os.environ.get("OMNIDRAFT_FUZZ_N")
+    return int(override) if override and long >= 100_000 else long
 
 
 def record(name: str, **counts: Any) -> None:

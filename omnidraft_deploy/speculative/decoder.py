@@ -21,7 +21,10 @@ from torch import Tensor
 
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
-from omnidraft_deploy.speculative.drafter import CrossVocabDrafter, Mode
+from omnidraft_deploy.speculative.cost import CostProfile
+from omnidraft_deploy.speculative.drafter import Mode
+from omnidraft_deploy.speculative.hybrid import make_proposer
+from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
 from omnidraft_deploy.speculative.stats import DecodeStats
 from omnidraft_deploy.speculative.verify import verify, verify_greedy
@@ -39,6 +42,7 @@ class DecodeConfig:
     max_new_tokens: int = 64
     eos_ids: tuple[int, ...] = ()
     vocab_limit: int | None = None  # ignore logits at ids >= this (padded embedding rows)
+    top_p: float | None = None  # nucleus sampling: the law sampled is the target's top-p one
     observer_topk: int = 8
 
     def __post_init__(self) -> None:
@@ -48,6 +52,8 @@ class DecodeConfig:
                 f"mode {self.mode.value} needs temperature "
                 f"{'== 0' if greedy else '> 0'}, got {self.temperature}"
             )
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
@@ -126,7 +132,7 @@ def generate_target_only(
         tok = (
             int(logits.argmax())
             if cfg.temperature <= 0
-            else sample(logits_to_probs(logits, cfg.temperature), generator)
+            else sample(logits_to_probs(logits, cfg.temperature, top_p=cfg.top_p), generator)
         )
         out.append(tok)
         out, done = _finish(out, cfg)
@@ -145,23 +151,21 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: CausalLM,
-        drafter: CausalLM,
+        drafter: CausalLM | None,
         mapper: VocabMapper,
         policy: DraftLengthPolicy,
         ngram_cache: NGramCache | None = None,
         *,
         config: DecodeConfig = DecodeConfig(),
+        lookup: LookupProposer | None = None,
+        profile: CostProfile | None = None,
     ) -> None:
+        """``profile`` (``cost.CostProfile``): choose per step between drafter drafts, ``lookup``
+        drafts and none by measured cost (``hybrid``); ``drafter`` None: lookup only."""
         self.target, self.mapper, self.cfg = target, mapper, config
-        self.drafter = CrossVocabDrafter(
-            drafter,
-            mapper,
-            policy,
-            mode=config.mode,
-            target_vocab=target.vocab_size,
-            temperature=config.temperature,
-            ngram_cache=ngram_cache,
-        )
+        self.drafter = make_proposer(drafter, mapper, policy, mode=config.mode,
+                                     target_vocab=target.vocab_size, temperature=config.temperature,
+                                     ngram_cache=ngram_cache, lookup=lookup, profile=profile)  # fmt: skip
 
     def _verify(
         self,
@@ -173,7 +177,7 @@ class SpeculativeDecoder:
     ) -> tuple[int, int]:
         if self.cfg.mode is Mode.GREEDY:
             return verify_greedy(proposal_ids, logits)
-        probs = logits_to_probs(logits, self.cfg.temperature)
+        probs = logits_to_probs(logits, self.cfg.temperature, top_p=self.cfg.top_p)
         return verify(proposal_ids, q, rows, probs, generator)
 
     def generate(

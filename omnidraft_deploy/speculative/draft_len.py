@@ -1,4 +1,5 @@
-"""Draft-length policies: fixed, the +2/-1 heuristic, and an online acceptance-prediction head.
+"""Draft-length policies: fixed, the +2/-1 heuristic, an online acceptance-prediction head, and the
+cost-aware rule over a measured ``cost.CostProfile`` (draft one more token only while it pays).
 
 Each policy is called by the drafter in this order every step: ``next_draft_len()`` (upper bound
 k), ``keep_drafting(i, draft_probs)`` after each drafted token (may stop early), then
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from omnidraft_deploy.speculative.cost import CostProfile, marginal_ms
 
 
 @dataclass
@@ -89,21 +92,71 @@ class AcceptancePredictorDraftLen:
             self.weights += self.lr * (label - self.predict(feats)) * feats
 
 
+class CostAwareDraftLen(AcceptancePredictorDraftLen):
+    """Draft one more token only while ``P(draft survives so far) * a * value > marginal cost``.
+
+    ``P(survive so far)`` is the product of the acceptance head's per-token predictions (drafter
+    confidence features, trained online as in ``AcceptancePredictorDraftLen``); ``a`` is the running
+    conditional acceptance of drafter tokens (an EMA); ``value`` and the marginal cost (one drafter
+    call + the wider verification) come from the measured profile (``cost.marginal_ms``). When even
+    the first token does not pay, ``next_draft_len`` is 0: a plain target step. Every
+    ``explore_every`` skipped steps one token is drafted anyway, so the estimate can recover.
+    ``enabled`` False forces k = 0 (the hybrid proposer uses it for lookup / plain steps).
+    """
+
+    def __init__(self, profile: CostProfile, max_len: int = 8, *, prior: float = 0.6,
+                 ema: float = 0.05, explore_every: int = 16) -> None:  # fmt: skip
+        super().__init__(max_len=max_len, threshold=0.0)
+        self.profile, self.rate, self.ema, self.explore_every = profile, prior, ema, explore_every
+        self.enabled, self._skipped = True, 0
+
+    def first_pays(self) -> bool:
+        return self.rate * self.profile.value_ms > marginal_ms(self.profile, 0, model=True)
+
+    def next_draft_len(self) -> int:
+        super().next_draft_len()
+        if not self.enabled:
+            return 0
+        if self.first_pays() or self._skipped >= self.explore_every:
+            self._skipped = 0
+            return self.max_len
+        self._skipped += 1
+        return 0
+
+    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool:
+        super().keep_drafting(i, draft_probs)  # records features, multiplies the survival
+        gain = self._survive * self.rate * self.profile.value_ms
+        return gain > marginal_ms(self.profile, i + 1, model=True)
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if n_drafted <= 0:
+            return
+        super().update(n_drafted, n_accepted)
+        for j in range(min(n_accepted + 1, n_drafted)):
+            self.rate += self.ema * ((1.0 if j < n_accepted else 0.0) - self.rate)
+
+
 POLICIES = {
     "fixed": FixedDraftLen,
     "heuristic": HeuristicDraftLen,
     "predictor": AcceptancePredictorDraftLen,
+    "cost": CostAwareDraftLen,
 }
 
 
 def make_policy(
-    name: str, draft_len: int
+    name: str, draft_len: int, profile: CostProfile | None = None
 ) -> FixedDraftLen | HeuristicDraftLen | AcceptancePredictorDraftLen:
-    """Policy by name; unknown names raise KeyError listing the valid ones."""
+    """Policy by name (``cost`` needs a measured ``profile``, and drafts up to 2 * draft_len);
+    unknown names raise KeyError listing the valid ones."""
     if name == "fixed":
         return FixedDraftLen(draft_len)
     if name == "heuristic":
         return HeuristicDraftLen(draft_len)
     if name == "predictor":
         return AcceptancePredictorDraftLen(max_len=2 * draft_len)
+    if name == "cost":
+        if profile is None:
+            raise ValueError("the cost policy needs a cost profile (omnidraft profile BUNDLE)")
+        return CostAwareDraftLen(profile, max_len=2 * draft_len)
     raise KeyError(f"unknown draft-length policy {name!r}; choose from {sorted(POLICIES)}")

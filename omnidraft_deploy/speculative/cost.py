@@ -1,0 +1,173 @@
+"""Measured cost model of speculative decoding: pure functions over per-call latencies.
+
+A ``CostProfile`` holds the median latency of one target call feeding ``T`` tokens
+(``target_ms[T - 1]``), one drafter call feeding ``T`` tokens (``drafter_ms[T - 1]``), the host cost
+of a lookup proposal and the host overhead of one speculative step, all measured on the runtime
+and provider that will run them (``omnidraft profile BUNDLE``, ``runtime/profile.py``).
+
+One speculative step that sends ``n`` proposals to the target after ``c`` drafter calls costs
+
+    step_ms(c, n) = c * drafter_ms[1] + target_ms[n + 1] + overhead_ms   (+ lookup_ms if lookup)
+
+and yields ``1 + accepted`` tokens; target-only decoding costs ``target_ms[1]`` a token. With
+per-position conditional acceptance ``a_1, a_2, ...`` (token ``i`` survives given ``i - 1`` did), the
+expected tokens of a ``k``-proposal step are ``1 + sum_i prod_{j<=i} a_j`` (``expected_tokens``).
+The draft-one-more rule of ``draft_len.CostAwareDraftLen`` compares the gain of one more proposal,
+``P(survive so far) * a * value`` with ``value = target_ms[1]`` (what a token costs the plain way),
+against its marginal cost ``drafter_ms[1] + target_ms[n + 2] - target_ms[n + 1]``
+(``marginal_ms``). Everything here is arithmetic: unit-tested, no clocks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROFILE_FILE = "cost_profile.json"
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Median per-call latencies (ms). ``target_ms[i]`` / ``drafter_ms[i]``: a call of ``i + 1``
+    tokens; calls wider than measured are extrapolated linearly from the last two widths."""
+
+    target_ms: tuple[float, ...]
+    drafter_ms: tuple[float, ...] = ()
+    lookup_ms: float = 0.0  # host cost of one lookup proposal
+    overhead_ms: float = 0.0  # host cost of one speculative step (mapping, verify, bookkeeping)
+    prefill_ms_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.target_ms:
+            raise ValueError("a cost profile needs the target's 1-token latency at least")
+        for name in ("target_ms", "drafter_ms"):
+            vals = getattr(self, name)
+            if any(not v > 0 for v in vals):  # rejects NaN too
+                raise ValueError(f"{name} must be positive latencies, got {list(vals)}")
+        for name in ("lookup_ms", "overhead_ms", "prefill_ms_per_token"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def target(self, n_tokens: int) -> float:
+        return _width(self.target_ms, n_tokens)
+
+    def drafter(self, n_tokens: int = 1) -> float:
+        return _width(self.drafter_ms, n_tokens) if self.drafter_ms else 0.0
+
+    @property
+    def value_ms(self) -> float:
+        """What one token costs target-only: the time an accepted proposal saves."""
+        return self.target_ms[0]
+
+    @property
+    def drafter_ratio(self) -> float:
+        """Drafter 1-token latency over target 1-token latency (the drafter cost ratio c)."""
+        return self.drafter(1) / self.target_ms[0]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "<profile>") -> CostProfile:
+        """Parse a profile; any malformed field raises ValueError naming ``source``."""
+        try:
+            raw = json.loads(text)
+            if not isinstance(raw, dict):
+                raise ValueError("not a JSON object")
+            return cls(
+                target_ms=tuple(float(v) for v in raw["target_ms"]),
+                drafter_ms=tuple(float(v) for v in raw.get("drafter_ms", ())),
+                lookup_ms=float(raw.get("lookup_ms", 0.0)),
+                overhead_ms=float(raw.get("overhead_ms", 0.0)),
+                prefill_ms_per_token=float(raw.get("prefill_ms_per_token", 0.0)),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{source}: not a cost profile ({e})") from None
+
+    @classmethod
+    def load(cls, path: Path) -> CostProfile:
+        return cls.from_json(path.read_text("utf-8"), source=str(path))
+
+
+def _width(ms: Sequence[float], n: int) -> float:
+    if n < 1:
+        raise ValueError(f"a call feeds at least one token, got {n}")
+    if n <= len(ms):
+        return float(ms[n - 1])
+    if len(ms) == 1:
+        return float(ms[0]) * n
+    slope = max(0.0, float(ms[-1]) - float(ms[-2]))
+    return float(ms[-1]) + slope * (n - len(ms))
+
+
+def expected_tokens(acceptance: Sequence[float]) -> float:
+    """Expected tokens of one step: ``1 + sum_i prod_{j<=i} a_j`` over the proposals' conditional
+    acceptance ``a_1..a_k`` (the bonus / correction token always comes)."""
+    total, survive = 1.0, 1.0
+    for a in acceptance:
+        if not 0.0 <= a <= 1.0:
+            raise ValueError(f"acceptance probabilities lie in [0, 1], got {a}")
+        survive *= a
+        total += survive
+    return total
+
+
+def step_ms(profile: CostProfile, drafter_calls: int, n_proposed: int, *, lookup: bool) -> float:
+    """Cost of one step: drafter calls, one target call over ``n_proposed + 1`` tokens, host."""
+    if n_proposed == 0 and drafter_calls == 0 and not lookup:
+        return profile.target(1)  # a plain target step
+    host = profile.overhead_ms + (profile.lookup_ms if lookup else 0.0)
+    return drafter_calls * profile.drafter(1) + profile.target(n_proposed + 1) + host
+
+
+def marginal_ms(profile: CostProfile, n_proposed: int, *, model: bool) -> float:
+    """Extra cost of proposing one more token after ``n_proposed``: a drafter call (model drafts
+    only) plus the wider verification; the first proposal also pays the step's host overhead."""
+    widen = profile.target(n_proposed + 2) - profile.target(n_proposed + 1)
+    first = profile.overhead_ms if n_proposed == 0 else 0.0
+    return (profile.drafter(1) if model else 0.0) + widen + first
+
+
+def expected_speedup(profile: CostProfile, acceptance: Sequence[float], *, model: bool) -> float:
+    """Steady-state speedup over target-only of steps proposing ``len(acceptance)`` tokens with
+    conditional acceptance ``acceptance`` (model drafts: one drafter call per proposal)."""
+    k = len(acceptance)
+    cost = step_ms(profile, k if model else 0, k, lookup=not model and k > 0)
+    return expected_tokens(acceptance) * profile.value_ms / cost
+
+
+def best_length(
+    profile: CostProfile, acceptance: float, k_max: int, *, model: bool, survive: float = 1.0
+) -> int:
+    """How many more proposals to make: keep adding while the next one's expected gain
+    ``survive * acceptance^i * value`` exceeds its marginal cost (0 allowed)."""
+    k = 0
+    while k < k_max:
+        survive *= acceptance
+        if survive * profile.value_ms <= marginal_ms(profile, k, model=model):
+            break
+        k += 1
+    return k
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one speculative step did: which proposer, drafter calls, proposals, accepted."""
+
+    source: str  # "model" | "lookup" | "none"
+    drafter_calls: int
+    proposed: int
+    accepted: int
+
+
+def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int) -> float:
+    """Speedup the profile predicts for a generation that took ``steps``: target-only time for the
+    same tokens over the steps' modelled time; both pay the same prefill."""
+    prefill = max(0, prompt_len - 1) * profile.prefill_ms_per_token
+    tokens = sum(s.accepted + 1 for s in steps)
+    spec = prefill + sum(
+        step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup") for s in steps
+    )
+    return (prefill + tokens * profile.value_ms) / spec if spec > 0 else 0.0

@@ -83,10 +83,10 @@ def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair)
 
     drafter_tok, target_tok = load_tokenizer("smollm2"), load_tokenizer("qwen2")
     blank = set(unspellable_target_ids(drafter_tok, target_tok))
-    assert 0 < len(blank) < 64  # only tokens with bytes that never occur in valid UTF-8
+    assert len(blank) == 21  # tokens holding bytes SmolLM2 has no token for (placeholder)
     d_bytes, t_bytes = drafter_tok.token_bytes_table(), target_tok.token_bytes_table()
     m = real_pair.mapper
-    for t in range(0, target_tok.vocab_size, 97):  # a spread sample of the 151646 ids
+    for t in range(0, target_tok.vocab_size, 97):  # a spread sample of the 151665 ids
         if t in blank or t in target_tok.special_ids:
             continue
         assert b"".join(d_bytes[d] for d in m.target_to_draft(t)) == t_bytes[t], t
@@ -116,3 +116,47 @@ def test_greedy_speculative_equals_target_only(real_pair: rp.RealPair, policy: s
             real_pair.target_tok.decode(got),
         )
         assert stats.proposed > 0 and stats.target_calls <= len(want)
+
+
+TOOLS = (
+    '{"type": "function", "function": {"name": "get_weather", "description": "Current weather '
+    'of a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, '
+    '"required": ["city"]}}}'
+)
+# Qwen2.5's chat template rendered with one tool (tokenizer.chat_template of the GGUF) and FIM.
+SPECIAL_PROMPTS = {
+    "tool_call": (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + TOOLS
+        + "\n</tools>\n\nFor each function call, return a json object with function name and "
+        'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
+        '<function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nWhat is the weather like in Paris?<|im_end|>\n<|im_start|>assistant\n"
+    ),
+    "fim": "<|fim_prefix|>def mean(xs):\n    <|fim_suffix|>\n    return total / len(xs)\n<|fim_middle|>",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(SPECIAL_PROMPTS))
+def test_tool_call_and_fim_prompts_decode_like_target_only(
+    real_pair: rp.RealPair, kind: str
+) -> None:
+    """Issue 15: Qwen2.5's tool-call / FIM ids (151646-151664) crashed the speculative path."""
+    from omnidraft_deploy.ngram.cache import NGramCache
+
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    tok = real_pair.target_tok
+    ids = tok.encode(SPECIAL_PROMPTS[kind])
+    assert any(151646 <= i < 151665 for i in ids)  # Qwen2.5's added tokens are in the prompt
+    cfg = rp.decode_config(real_pair, 32)
+    want, _ = generate_target_only(real_pair.target, ids, cfg)
+    dec = SpeculativeDecoder(real_pair.target, real_pair.drafter, real_pair.mapper,
+                             make_policy("heuristic", 3), NGramCache(), config=cfg)  # fmt: skip
+    got, stats = dec.generate(ids)
+    assert got == want, (kind, tok.decode(want), tok.decode(got))
+    assert stats.proposed > 0
+    if kind == "tool_call":  # the target answers with a call of the tool (not a degenerate text)
+        assert '"name": "get_weather"' in tok.decode(want), tok.decode(want)

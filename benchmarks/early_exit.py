@@ -163,19 +163,22 @@ def run(cfg: Config, rows: tuple[str, ...], tasks: tuple[str, ...] = TASKS) -> d
 
 
 def _export_drafter(drafter: Transformer, spec: Any, quant: str, root: Path) -> tuple[Any, Any]:
-    """ONNX graph of ``drafter`` with the ``onnx`` exporter (cached under ``root``), verified
+    """The drafter graph as a bundle holds it (the registered ``onnx`` exporter: fp32 keeps
+    swappable weights, int8 is the fused weight-only graph), cached under ``root``, verified
     against eager PyTorch (``exporters.verify``; raises outside the recipe's tolerance)."""
+    from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
     from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
 
-    path = root / f"{spec.name}-{quant}" / "drafter.onnx"
-    info = graph_info(drafter, spec, file=path.name, quantization=quant, seq_len=None)
+    out = root / f"{spec.name}-{quant}"
     recipe = get_recipe("onnx", quant)
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        export_onnx(drafter, path, info=info, recipe=recipe)
+    info = graph_info(drafter, spec, file="drafter.onnx", quantization=quant, seq_len=None)
+    if not (out / info.file).is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        info, _ = get_exporter("onnx")(drafter, spec, out, role="drafter", recipe=recipe,
+                                       draft_len=4, eos_ids=())  # fmt: skip
+    path = out / info.file
     return (path, info), verify_artifact(path, info, drafter, recipe)
 
 

@@ -15,7 +15,9 @@ Use counts start at 1 on insert, grow by 1 per ``touch`` and saturate at ``MAX_U
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Protocol
@@ -111,14 +113,12 @@ class LFUPolicy:
         (the canonical file order), so each count's keys form one run."""
         if self._uses:
             raise ValueError("add_many needs an empty policy")
-        if any(a > b for a, b in zip(uses, uses[1:], strict=False)):
+        if not all(map(operator.le, uses, itertools.islice(uses, 1, None))):
             raise ValueError("add_many needs use counts in non-decreasing order")
         self._uses = dict(zip(keys, uses, strict=True))
-        start = 0
-        for count, run in itertools.groupby(uses):
-            n = sum(1 for _ in run)
-            self._buckets[count] = OrderedDict.fromkeys(keys[start : start + n])
-            start += n
+        for count in sorted(set(uses)):  # each count's keys are one run of the sorted list
+            lo, hi = bisect.bisect_left(uses, count), bisect.bisect_right(uses, count)
+            self._buckets[count] = OrderedDict.fromkeys(keys[lo:hi])
         self._min = uses[0] if uses else 0
 
     def touch(self, key: Key) -> None:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import operator
 import os
 import struct
 import zlib
@@ -167,13 +166,16 @@ def from_bytes(
 
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector (the rows hold no cycles); restore its state after."""
+    """Pause the cyclic garbage collector while millions of acyclic objects are made, then move
+    every live object to the permanent generation (``gc.freeze``) before resuming it, so the first
+    collection after the load does not traverse them all (they are freed by reference counting)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            gc.freeze()
             gc.enable()
 
 
@@ -367,13 +369,7 @@ def _fast_rows(data: bytes, h: NGramHeader) -> tuple[list[Key], list[int], list[
         return None
     if h.policy == "lfu" and bool((np.diff(uses) < 0).any()):
         return None
-    order = np.argsort(ns, kind="stable")  # entries grouped by n, file order within a group
-    grouped: list[Key] = []
-    for n in np.unique(ns).tolist():
-        where = order[ns[order] == n]
-        grid = values[(firsts[where] + 1)[:, None] + np.arange(n)]  # (m, n) draft ids
-        grouped.extend(map(tuple, grid.tolist()))
-    back = np.empty_like(order)
-    back[order] = np.arange(order.size)  # file position -> index in ``grouped``
-    keys = list(operator.itemgetter(*back.tolist())(grouped)) if back.size > 1 else grouped
+    ids = values[role == 0].tolist()  # draft ids of every entry, back to back
+    ends = np.cumsum(ns).tolist()
+    keys = [tuple(ids[e - n : e]) for e, n in zip(ends, ns.tolist(), strict=True)]
     return keys, targets.tolist(), uses.tolist()

@@ -54,7 +54,7 @@ from omnidraft_deploy.ngram.format import save
 path, version = sys.argv[1], int(sys.argv[2])
 rng = random.Random(version)
 cache = NGramCache(max_entries=200_000)
-for _ in range(60_000 + version % 7):
+for _ in range(20_000 + version % 7):
     cache.update([rng.randrange(32000) for _ in range(rng.randint(2, 4))], rng.randrange(128256))
 save(cache, path, draft_vocab_size=32000, target_vocab_size=128256)
 """

@@ -175,7 +175,7 @@ def small_mapper(rng: random.Random) -> VocabMapper:
 def odvm_inputs(draw: Any) -> bytes:
     data = bytearray(odvm.to_bytes(small_mapper(random.Random(draw(st.integers(0, 2**20))))))
     for _ in range(draw(st.integers(1, 3))):
-        if draw(st.booleans()) and len(data) > 36:  # a u32 word of a table set to an edge value
+        if draw(st.booleans()) and len(data) >= 40:  # a u32 word of a table set to an edge value
             at = 32 + 4 * draw(st.integers(0, (len(data) - 36) // 4 - 1))
             value = draw(st.sampled_from([*U32_EDGES, 2**32 - 2]))
             data[at : at + 4] = value.to_bytes(4, "little")

@@ -30,9 +30,9 @@ from mutations import (
 )
 
 FORMATS: dict[str, tuple[st.SearchStrategy, Callable[[object], str], int]] = {
-    "ODNG (ngram/format.py)": (odng_inputs(), check_odng, 2500),  # type: ignore[dict-item]
-    "ODVM (vocab/io.py)": (odvm_inputs(), check_odvm, 2000),  # type: ignore[dict-item]
-    "manifest.json (manifest.py)": (manifest_inputs(), check_manifest, 2500),  # type: ignore[dict-item]
+    "ODNG (ngram/format.py)": (odng_inputs(), check_odng, 1500),  # type: ignore[dict-item]
+    "ODVM (vocab/io.py)": (odvm_inputs(), check_odvm, 1000),  # type: ignore[dict-item]
+    "manifest.json (manifest.py)": (manifest_inputs(), check_manifest, 1500),  # type: ignore[dict-item]
 }
 
 
@@ -68,7 +68,7 @@ def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
     check_bundle(seed)  # the seed itself is valid
     doc0 = json.loads((seed / "manifest.json").read_text())
     outcomes: Counter[str] = Counter()
-    n = scale(1000, 100_000)
+    n = scale(500, 100_000)
     t0 = time.perf_counter()
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=True,
@@ -87,7 +87,8 @@ def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
             try:
                 MUTATIONS[name](work, doc, rng)
                 applied.append(name)
-            except OSError:  # two edits of one file can clash (deleted, then linked): skip
+            except (OSError, KeyError, TypeError):  # two edits can clash (file deleted, then
+                # linked; a section replaced, then edited): skip the second
                 pass
         names = applied
         (work / "manifest.json").write_text(json.dumps(doc))

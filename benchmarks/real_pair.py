@@ -1,13 +1,18 @@
-"""Headline decoding benchmark on the real cross-vocabulary pair, side by side in one run.
+"""Headline decoding benchmark on ONNX Runtime: Qwen2.5-Coder-0.5B target, cross-vocabulary drafters.
 
-Drafter SmolLM2-135M-Instruct (vocab 49152) -> target Qwen2.5-Coder-0.5B-Instruct (Qwen2 vocab),
-fp32, greedy, raw prompts (no chat template; the same target ids for every method), CPU:
-target-only and speculative decoding with our ``reference.model.Transformer``, and target-only and
-cross-tokenizer assisted generation with transformers. See ``omnidraft_deploy.real_pair``.
+    .venv/bin/python benchmarks/real_pair.py prepare                 # export + verify graphs (cached)
+    .venv/bin/python benchmarks/real_pair.py run --tasks code        # one timed chunk (quiet machine)
+    .venv/bin/python benchmarks/real_pair.py report                  # chunks -> reports/real_pair.*
 
-    .venv/bin/python benchmarks/real_pair.py                      # headline, reports/real_pair.*
-    .venv/bin/python benchmarks/real_pair.py --sweep --repeats 1  # draft_len 2-6 x policies
-Needs the optional model assets (``omnidraft assets fetch --models``). Slow: tens of minutes.
+``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the int8 ORT graphs
+(``omnidraft_deploy.ort_pair``; sessions with explicit intra-op threads, no spinning), measures the
+cost profile (``omnidraft_deploy.profile.measure``: interleaved repeats, medians) and saves it to
+``.bench/real_pair/cost_profile.json``, from where the decoders load it; then times every method on
+the task's 6 prompts (``omnidraft_deploy/data/real_pair_prompts.json``) x ``--max-new-tokens``,
+greedy, round-robin (``real_pair.run_side_by_side``), and compares every output with our ORT
+target-only. HF target-only and HF universal assisted generation (eager transformers) and ONNX
+Runtime GenAI target-only (its model builder's int8 build of the same weights, when prepared) run
+on the same prompts. Load average is recorded at start and end. ``report`` merges the chunks.
 """
 
 from __future__ import annotations
@@ -15,172 +20,166 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from omnidraft_deploy import ort_pair as op
 from omnidraft_deploy import real_pair as rp
 from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.prompts import load_prompts
 
 log = logging.getLogger("real_pair")
+CHUNKS = op.ROOT / "chunks"
+TASKS = ("math", "code", "chat", "summarisation")
+GENAI = Path(".bench/runtime_speed/genai/qwen2.5-0.5b-int8")
 
 
-def _prompts(
-    pair: rp.RealPair, per_task: int, tasks: set[str] | None
-) -> list[tuple[str, list[int]]]:
-    seen: dict[str, int] = {}
-    out = []
-    for p in load_prompts(tasks):
-        if seen.get(p.task, 0) < per_task:
-            seen[p.task] = seen.get(p.task, 0) + 1
-            out.append((p.task, pair.target_tok.encode(p.text)))
-    return out
+def _prompts(tok: Any, tasks: set[str]) -> list[tuple[str, list[int]]]:
+    from importlib import resources
+
+    raw = json.loads(resources.files("omnidraft_deploy").joinpath(
+        "data/real_pair_prompts.json").read_text("utf-8"))  # fmt: skip
+    return [(p["task"], tok.encode(p["text"])) for p in raw if p["task"] in tasks]
 
 
-def _specs(text: str) -> list[rp.SpecSetting]:
-    """ "heuristic:4,predictor:3" -> settings."""
-    out = []
-    for item in text.split(","):
-        policy, _, k = item.partition(":")
-        out.append(rp.SpecSetting(policy.strip(), int(k or 4)))
-    return out
+def _load(threads: int, drafters: list[str]) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    target_tok = load_tokenizer("qwen2")
+    path, info, parity = op.verify_graph(op.TARGET, "target", "int8")
+    target = op.ort_graph(path, info, threads)
+    lms, facts = {}, {"target": parity}
+    for name in drafters:
+        source, tok = op.DRAFTERS[name]
+        if not op.early_exit_ready(source):
+            log.warning("%s: distilled weights not cached yet; row skipped", name)
+            continue
+        path, info, parity = op.verify_graph(source, "drafter", "int8")
+        mapper, _ = op.mapper_for(tok, target_tok)
+        lms[name], facts[name] = (op.ort_graph(path, info, threads), mapper), parity
+    return target, target_tok, lms, facts
 
 
-def _md_table(summary: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [
-        "| method | wall s (sum of medians) | tokens | tokens/s | speedup vs own target-only | "
-        "speedup vs HF target-only | identical to own target-only | acceptance | "
-        "target tokens/call | merged acc/prop | drafter / target / overhead time |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for m, t in summary.items():
-        spec = (
-            f"{t['acceptance_rate']:.3f} | {t['tokens_per_target_call']:.2f} | "
-            f"{t['merged_accepted']:.0f}/{t['merged_proposed']:.0f} | {t['drafter_frac']:.2f} / "
-            f"{t['target_frac']:.2f} / {t['overhead_frac']:.3f}"
-            if "acceptance_rate" in t
-            else "- | - | - | -"
-        )
-        lines.append(
-            f"| {m} | {t['wall_s']:.2f} | {t['tokens']} | {t['tokens_per_s']:.2f} | "
-            f"{t['speedup_vs_own_target']:.2f}x | {t['speedup_vs_hf_target']:.2f}x | "
-            f"{t['identical_to_own_target']}/{t['prompts']} | {spec} |"
-        )
-    return lines
+def _genai_method(threads: int, max_new: int) -> Any:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from runtime_speed import GenAI  # type: ignore[import-not-found]
+
+    engine = GenAI(GENAI, threads)
+
+    def run(ids: list[int]) -> tuple[list[int], float, None]:
+        t0 = time.perf_counter()
+        gen = engine._gen(ids)
+        out: list[int] = []
+        while len(out) < max_new and not gen.is_done():
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+        return out, time.perf_counter() - t0, None
+
+    return run
 
 
-def _markdown(title: str, payload: dict[str, Any]) -> str:
-    meta, prof = payload["meta"], payload.get("latency_ms")
-    lines = [f"# {title}", "", *(f"- {k}: {v}" for k, v in meta.items()), ""]
-    lines += ["## All prompts", "", *_md_table(payload["summary"]), ""]
-    if prof:
-        lines += ["## Per-call latency of our models (ms, median; tokens fed at position 64)", "",
-                  "| fed tokens | " + " | ".join(str(n) for n in prof["drafter"]) + " |",
-                  "|---|" + "---|" * len(prof["drafter"])]  # fmt: skip
-        for role in ("drafter", "target"):
-            lines.append(
-                f"| {role} | " + " | ".join(f"{v:.1f}" for v in prof[role].values()) + " |"
-            )
-        lines += [
-            "",
-            f"drafter/target 1-token latency ratio: {prof['drafter_to_target_ratio']:.2f}",
-            "",
-        ]
-    for task, summ in payload["per_task"].items():
-        lines += [f"## {task}", "", *_md_table(summ), ""]
-    return "\n".join(lines) + "\n"
+def cmd_run(a: argparse.Namespace) -> None:
+    from omnidraft_deploy.profile import measure
+    from omnidraft_deploy.speculative.cost import CostProfile
+
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    target, tok, lms, parity = _load(a.threads, a.drafters.split(","))
+    cfg = rp.DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
+                          vocab_limit=next(iter(lms.values()))[1].target_vocab_size)  # fmt: skip
+    profiles = measure(target, {n: lm for n, (lm, _) in lms.items()}, k_max=a.k_max, reps=a.reps)
+    prof_path = op.ROOT / "cost_profile.json"
+    write_text_atomic(prof_path, json.dumps({n: json.loads(p.to_json()) for n, p in
+                                             profiles.items()}, indent=1))  # fmt: skip
+    loaded = {n: CostProfile.from_json(json.dumps(v)) for n, v in
+              json.loads(prof_path.read_text()).items()}  # fmt: skip  # what the decoders use
+
+    def ours_target(ids: list[int]) -> tuple[list[int], float, Any]:
+        out, st = rp.generate_target_only(target, ids, cfg)
+        return out, st.wall_s, st
+
+    methods: dict[str, Any] = {"ours_target": ours_target}
+    methods |= op.spec_methods(target, lms, loaded, cfg, k_max=a.k_max,
+                               hybrid=tuple(a.hybrid.split(",")) if a.hybrid else (),
+                               heuristic=tuple(a.heuristic.split(",")) if a.heuristic else ())  # fmt: skip
+    if (GENAI / "genai_config.json").is_file() and not a.no_genai:
+        methods["genai_target"] = _genai_method(a.threads, a.max_new_tokens)
+    if not a.no_hf:
+        methods |= _hf_methods(cfg, a.threads)
+    prompts = _prompts(tok, set(a.tasks.split(",")))
+    load_s = time.perf_counter() - t0
+    res = rp.run_side_by_side(methods, prompts, repeats=a.repeats, warmup=True)
+    meta = {"tasks": a.tasks, "threads": a.threads, "max_new_tokens": a.max_new_tokens,
+            "repeats": a.repeats, "load_s": round(load_s, 1), "load_avg_start": load0,
+            "load_avg_end": os.getloadavg(), "utc_end": time.strftime("%H:%M:%S", time.gmtime()),
+            "command": " ".join(sys.argv), "graph_parity": parity}  # fmt: skip
+    out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in loaded.items()},
+           "rows": res.rows}  # fmt: skip
+    CHUNKS.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(CHUNKS / f"{a.tasks.replace(',', '+')}.json", json.dumps(out, indent=1))
+    log.info("chunk %s done; load %s -> %s", a.tasks, load0, meta["load_avg_end"])
 
 
-def _plot(per_task: dict[str, dict[str, dict[str, Any]]], path: Path, title: str) -> None:
-    import matplotlib
+def _hf_methods(cfg: Any, threads: int) -> dict[str, Any]:
+    import torch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from omnidraft_deploy import hf_baseline as hb
 
-    tasks = list(per_task)
-    methods = [m for m in next(iter(per_task.values())) if m not in ("ours_target", "hf_target")]
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    width = 0.8 / max(1, len(methods))
-    for j, m in enumerate(methods):
-        xs = [i + j * width for i in range(len(tasks))]
-        ax.bar(xs, [per_task[t][m]["speedup_vs_own_target"] for t in tasks], width, label=m)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks)
-    ax.set_ylabel("speedup vs own target-only")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    torch.set_num_threads(threads)
+    t, d = hb.load_hf_model(rp.TARGET_PRESET), hb.load_hf_model(rp.DRAFTER_PRESET)
+    ttok, dtok = hb.load_hf_tokenizer(rp.TARGET_PRESET), hb.load_hf_tokenizer(rp.DRAFTER_PRESET)
+
+    def hf(assisted: bool) -> Any:
+        extra = {"drafter": d, "target_tok": ttok, "drafter_tok": dtok} if assisted else {}
+
+        def run(ids: list[int]) -> tuple[list[int], float, None]:
+            r = hb.hf_generate(t, ids, max_new_tokens=cfg.max_new_tokens, eos_ids=cfg.eos_ids,
+                               **extra)  # fmt: skip
+            return r.new_ids, r.wall_s, None
+
+        return run
+
+    return {"hf_target": hf(False), "hf_assisted": hf(True)}
+
+
+def cmd_prepare(a: argparse.Namespace) -> None:
+    _load(a.threads, a.drafters.split(","))
+    if a.genai:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from runtime_speed import build_genai
+
+        log.info("GenAI build: %s", build_genai("qwen2.5-0.5b", "int8"))
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--specs", default="heuristic:4,predictor:4", help="policy:draft_len,...")
-    ap.add_argument("--sweep", action="store_true", help="fixed/heuristic/predictor x k=2..6")
-    ap.add_argument("--per-task", type=int, default=3, help="prompts per task (<= 3)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-hf", action="store_true", help="skip the transformers methods")
-    ap.add_argument("--no-warmup", action="store_true", help="skip the per-method warm-up run")
-    ap.add_argument("--tasks", default="", help="comma-separated task subset (default: all)")
-    ap.add_argument("--out-dir", default="reports")
+    sub = ap.add_subparsers(dest="verb", required=True)
+    for verb in ("prepare", "run"):
+        p = sub.add_parser(verb)
+        p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (cores)")
+        p.add_argument("--drafters", default="smollm2,ee8_before,ee8_offline,trained45m")
+    sub.choices["prepare"].add_argument("--genai", action="store_true")
+    p = sub.choices["run"]
+    p.add_argument("--tasks", default="code")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--reps", type=int, default=7, help="profile repeats (interleaved)")
+    p.add_argument("--k-max", type=int, default=8)
+    p.add_argument("--hybrid", default="smollm2,ee8_offline", help="drafters also run with lookup")
+    p.add_argument("--heuristic", default="smollm2", help="drafters also run with +2/-1, k=4")
+    p.add_argument("--no-hf", action="store_true")
+    p.add_argument("--no-genai", action="store_true")
+    sub.add_parser("report").add_argument("--out-dir", default="reports")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    torch.set_num_threads(a.threads)
-    title = "real_pair_sweep" if a.sweep else "real_pair"
-    specs = (
-        [rp.SpecSetting(p, k) for p in ("fixed", "heuristic", "predictor") for k in range(2, 7)]
-        if a.sweep
-        else _specs(a.specs)
-    )
-    t0 = time.perf_counter()
-    pair = rp.load_real_pair(max_seq_len=512, with_hf=not a.no_hf)
-    load_s = time.perf_counter() - t0
-    cfg = rp.decode_config(pair, a.max_new_tokens)
-    prompts = _prompts(pair, a.per_task, set(a.tasks.split(",")) if a.tasks else None)
-    prof = rp.latency_profile(pair, max_tokens=5, reps=3)
-    log.info("latency profile (ms): %s", prof)
-    methods = rp.make_methods(pair, cfg, specs, with_hf=not a.no_hf)
-    res = rp.run_side_by_side(methods, prompts, repeats=a.repeats, warmup=not a.no_warmup)
-    meta = {
-        "target": "Qwen2.5-Coder-0.5B-Instruct (GGUF -> fp32)",
-        "drafter": "SmolLM2-135M-Instruct (Q4_1 GGUF -> fp32)",
-        "prompts": f"{len(prompts)} ({a.per_task} per task, raw text, no chat template)",
-        "max_new_tokens": a.max_new_tokens, "repeats (median kept)": a.repeats,
-        "torch threads": a.threads, "dtype": "float32", "our max_seq_len": 512,
-        "load_s": round(load_s, 1), "hf_assisted": "transformers "
-        + _tf_version() + " AssistedCandidateGeneratorDifferentTokenizers, default settings",
-        "load average at end": " ".join(f"{x:.2f}" for x in _loadavg()),
-    }  # fmt: skip
-    payload: dict[str, Any] = {"meta": meta, "latency_ms": prof, "summary": rp.summarise(res.rows),
-               "per_task": rp.per_task(res.rows), "rows": res.rows}  # fmt: skip
-    out = Path(a.out_dir)
-    write_text_atomic(out / f"{title}.json", json.dumps(payload, indent=2) + "\n")
-    write_text_atomic(out / f"{title}.md", _markdown(title, payload))
-    _plot(payload["per_task"], out / f"{title}.png", title)
-    log.info("wrote %s (.json, .png); median wall of all runs %.2f s", out / f"{title}.md",
-             statistics.median(r["wall_s"] for r in res.rows))  # fmt: skip
+    if a.verb == "report":
+        from real_pair_report import write_report  # type: ignore[import-not-found]
 
-
-def _tf_version() -> str:
-    try:
-        import transformers
-
-        return str(transformers.__version__)
-    except ImportError:
-        return "not installed"
-
-
-def _loadavg() -> tuple[float, float, float]:
-    import os
-
-    return os.getloadavg()
+        write_report(CHUNKS, Path(a.out_dir))
+    else:
+        {"prepare": cmd_prepare, "run": cmd_run}[a.verb](a)
 
 
 if __name__ == "__main__":

@@ -162,12 +162,20 @@ class StepRecord:
     accepted: int
 
 
-def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int) -> float:
-    """Speedup the profile predicts for a generation that took ``steps``: target-only time for the
-    same tokens over the steps' modelled time; both pay the same prefill."""
+def predicted_times(
+    profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int
+) -> tuple[float, float]:
+    """(target-only ms, speculative ms) the profile predicts for a generation that took ``steps``;
+    both pay the same prefill of ``prompt_len - 1`` tokens."""
     prefill = max(0, prompt_len - 1) * profile.prefill_ms_per_token
     tokens = sum(s.accepted + 1 for s in steps)
     spec = prefill + sum(
         step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup") for s in steps
     )
-    return (prefill + tokens * profile.value_ms) / spec if spec > 0 else 0.0
+    return prefill + tokens * profile.value_ms, spec
+
+
+def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int) -> float:
+    """Speedup the profile predicts for a generation that took ``steps`` (``predicted_times``)."""
+    base, spec = predicted_times(profile, steps, prompt_len)
+    return base / spec if spec > 0 else 0.0

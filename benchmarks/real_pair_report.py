@@ -1,0 +1,201 @@
+"""Merge ``benchmarks/real_pair.py run`` chunks into ``reports/real_pair.{md,json}`` + a plot per task.
+
+Per configuration and task: tokens/s, speedup vs our ORT target-only and vs ORT GenAI target-only,
+acceptance, target tokens per call, drafter cost ratio, predicted (cost model over the run's own
+step trace) vs measured speedup, and the outputs' identity with our ORT target-only. Where a
+speculative configuration stays below target-only, the limiting cost-model term is named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.speculative.cost import CostProfile
+
+TASKS = ("math", "code", "chat", "summarisation")
+
+
+def _agg(
+    rows: list[dict[str, Any]], base: dict[int, float], genai: dict[int, float]
+) -> dict[str, Any]:
+    wall = sum(r["wall_s"] for r in rows)
+    tok = sum(r["n_tokens"] for r in rows)
+    out: dict[str, Any] = {
+        "prompts": len(rows), "tokens": tok, "wall_s": wall,
+        "tokens_per_s": tok / wall if wall else 0.0,
+        "speedup": sum(base[r["prompt"]] for r in rows) / wall if wall else 0.0,
+        "identical": all(r["equal_ours_target"] for r in rows),
+        "identical_n": sum(bool(r["equal_ours_target"]) for r in rows),
+    }  # fmt: skip
+    if genai:
+        out["speedup_vs_genai"] = sum(genai[r["prompt"]] for r in rows) / wall if wall else 0.0
+    if rows and "proposed" in rows[0]:
+        s = {k: sum(float(r.get(k, 0)) for r in rows) for k in
+             ("proposed", "accepted", "n_generated", "target_calls", "drafter_calls")}  # fmt: skip
+        out["acceptance"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
+        out["tokens_per_call"] = s["n_generated"] / max(1.0, s["target_calls"])
+        out["drafter_calls_per_token"] = s["drafter_calls"] / max(1.0, s["n_generated"])
+    if rows and "predicted_spec_ms" in rows[0]:
+        pb = sum(r["predicted_base_ms"] for r in rows)
+        ps = sum(r["predicted_spec_ms"] for r in rows)
+        out["predicted_speedup"] = pb / ps if ps else 0.0
+        out["steps"] = {k: int(sum(r.get(k, 0) for r in rows)) for k in ("model", "lookup", "none")}
+    return out
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """method -> task (and "overall") -> aggregate."""
+    base = {r["prompt"]: r["wall_s"] for r in rows if r["method"] == "ours_target"}
+    genai = {r["prompt"]: r["wall_s"] for r in rows if r["method"] == "genai_target"}
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        out[m] = {t: _agg([r for r in mine if r["task"] == t], base, genai)
+                  for t in TASKS if any(r["task"] == t for r in mine)}  # fmt: skip
+        out[m]["overall"] = _agg(mine, base, genai)
+    return out
+
+
+def _drafter_of(method: str) -> str:
+    name = method.removeprefix("ours_").removeprefix("hybrid_").removesuffix("_heur")
+    return "" if name in ("lookup", "target") else name
+
+
+def limiting_term(method: str, a: dict[str, Any], prof: CostProfile | None) -> str:
+    """Name the cost-model term that holds a configuration below target-only speed."""
+    if prof is None or "acceptance" not in a:
+        return ""
+    c = prof.drafter_ratio
+    widen = prof.target(2) / prof.target(1)
+    if a.get("steps", {}).get("model", 0) and c > 0.2:
+        return (
+            f"drafter cost ratio c = {c:.2f}: a drafted token pays only if accepted with "
+            f"probability > {c + widen - 1:.2f}; measured acceptance {a['acceptance']:.2f}"
+        )
+    return (
+        f"acceptance {a.get('acceptance', 0):.2f} x value vs verification width cost "
+        f"(target(2)/target(1) = {widen:.2f}); host overhead {prof.overhead_ms:.1f} ms/step"
+    )
+
+
+def _profiles(chunks: list[dict[str, Any]]) -> dict[str, CostProfile]:
+    raw = chunks[0]["profiles"]
+    return {n: CostProfile.from_json(json.dumps(v)) for n, v in raw.items()}
+
+
+def write_report(chunk_dir: Path, out_dir: Path) -> None:
+    chunks = [json.loads(p.read_text()) for p in sorted(chunk_dir.glob("*.json"))]
+    if not chunks:
+        raise FileNotFoundError(f"{chunk_dir}: no chunks; run `benchmarks/real_pair.py run` first")
+    rows: list[dict[str, Any]] = []
+    for i, c in enumerate(chunks):  # prompt ids are per chunk: make them unique
+        rows += [dict(r, prompt=(i, r["prompt"])) for r in c["rows"]]
+    summ = summarise(rows)
+    profs = _profiles(chunks)
+    objs = []
+    for m, per in summ.items():
+        o = {"name": m, "speedup": {t: round(v["speedup"], 3) for t, v in per.items()},
+             "acceptance": round(per["overall"].get("acceptance", 0.0), 3),
+             "tokens_per_call": round(per["overall"].get("tokens_per_call", 1.0), 3),
+             "identical": per["overall"]["identical"],
+             "predicted_speedup": {t: round(v["predicted_speedup"], 3) for t, v in per.items()
+                                   if "predicted_speedup" in v}}  # fmt: skip
+        objs.append(o)
+    payload = {
+        "configurations": objs,
+        "chunks": [c["meta"] for c in chunks],
+        "profiles": chunks[0]["profiles"],
+        "summary": summ,
+    }
+    write_text_atomic(out_dir / "real_pair.json", json.dumps(payload, indent=1, default=str) + "\n")
+    write_text_atomic(out_dir / "real_pair.md", _markdown(summ, chunks, profs))
+    for t in TASKS:
+        _plot(summ, t, out_dir / f"real_pair_{t}.png")
+
+
+def _fmt(v: Any, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _markdown(
+    summ: dict[str, Any], chunks: list[dict[str, Any]], profs: dict[str, CostProfile]
+) -> str:
+    lines = [
+        "# real_pair: Qwen2.5-Coder-0.5B-Instruct on ONNX Runtime (int8 weight-only), greedy",
+        "",
+    ]
+    for c in chunks:
+        m = c["meta"]
+        lines.append(f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
+                     f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
+                     f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
+                     f"tokens, repeats {m['repeats']}")  # fmt: skip
+    lines += ["", "## Cost profile (ms, medians of interleaved calls, first chunk)", "",
+              "| graph | T=1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |", "|---|" + "---|" * 9]  # fmt: skip
+    p0 = profs[""]
+    lines.append("| target | " + " | ".join(f"{x:.1f}" for x in p0.target_ms) + " |")
+    for n, p in profs.items():
+        if n:
+            lines.append(f"| drafter {n} | " + " | ".join(f"{x:.1f}" for x in p.drafter_ms)
+                         + f" | ratio c = {p.drafter_ratio:.2f} |")  # fmt: skip
+    lines += ["", f"host overhead {p0.overhead_ms:.2f} ms/step, lookup {p0.lookup_ms:.3f} ms, "
+              f"prefill {p0.prefill_ms_per_token:.2f} ms/token", ""]  # fmt: skip
+    for t in ("overall", *TASKS):
+        lines += [f"## {t}", "", "| configuration | tok/s | speedup vs our ORT target-only | vs "
+                  "ORT GenAI target-only | acceptance | target tokens/call | drafter cost ratio | "
+                  "predicted speedup | predicted/measured | identical | steps model/lookup/none |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for m, per in summ.items():
+            a = per.get(t)
+            if a is None:
+                continue
+            prof = profs.get(_drafter_of(m)) if m.startswith("ours_") else None
+            ratio = prof.drafter_ratio if prof is not None and _drafter_of(m) else None
+            pred = a.get("predicted_speedup")
+            err = pred / a["speedup"] if pred and a["speedup"] else None
+            st = a.get("steps")
+            lines.append(
+                f"| {m} | {a['tokens_per_s']:.2f} | {a['speedup']:.2f}x | "
+                f"{_fmt(a.get('speedup_vs_genai'))} | {_fmt(a.get('acceptance'), '.3f')} | "
+                f"{_fmt(a.get('tokens_per_call'))} | {_fmt(ratio)} | {_fmt(pred)} | {_fmt(err)} | "
+                f"{a['identical_n']}/{a['prompts']} | "
+                f"{'-' if st is None else '/'.join(str(st[k]) for k in ('model', 'lookup', 'none'))} |"
+            )
+        lines.append("")
+        for m, per in summ.items():
+            a = per.get(t)
+            if a and m.startswith("ours_") and m != "ours_target" and a["speedup"] < 1.0:
+                lines.append(
+                    f"- {m} below 1.0x on {t}: {limiting_term(m, a, profs.get(_drafter_of(m)))}"
+                )
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(summ: dict[str, Any], task: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [m for m, per in summ.items() if task in per and m != "ours_target"]
+    if not names:
+        return
+    meas = [summ[m][task]["speedup"] for m in names]
+    pred = [summ[m][task].get("predicted_speedup", float("nan")) for m in names]
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], meas, 0.4, label="measured")
+    ax.bar([x + 0.2 for x in xs], pred, 0.4, label="predicted (cost model)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("speedup vs our ORT target-only")
+    ax.set_title(f"real_pair, {task}: Qwen2.5-Coder-0.5B int8 ORT, greedy, identical outputs")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,158 @@
+"""The real pair on ONNX Runtime: exported graphs, drafter configurations, timed methods.
+
+Graphs are exported by the project's ``onnx`` exporter (fused graph; ``int8`` = weight-only
+MatMulNBits) and verified against eager PyTorch before use, under the recipe's top-1 criterion
+(``verify_graph``: top-1 agreement >= the recipe's ``min_top1``; the max |logit diff| is recorded,
+not gated, since greedy decoding only reads the argmax and every output is compared with our ORT
+target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions use
+``profile.ort_session`` (explicit intra-op threads, no spinning).
+
+Methods (``real_pair.RunFn``): ``ours_target`` (target-only on the ORT target graph);
+``ours_<drafter>`` (cost-aware drafting with that drafter, no lookup); ``ours_lookup`` (lookup
+drafts only); ``ours_hybrid_<drafter>`` (per step: drafter, lookup or none); ``ours_<drafter>_heur``
+(the +2/-1 policy at k = 4, the configuration issue 9 measured at 0.70-0.74x). Every speculative run
+also returns the cost model's prediction for its own step trace (``extra``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.speculative.cost import CostProfile, predicted_times
+from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
+from omnidraft_deploy.speculative.hybrid import HybridProposer
+from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
+from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+log = logging.getLogger(__name__)
+ROOT = Path(".bench/real_pair")
+TARGET = "qwen2.5-0.5b"
+# drafter configuration name -> (how its weights load, drafter tokenizer)
+DRAFTERS = {
+    "smollm2": ("smollm2-135m", "smollm2"),
+    "ee8_before": ("smollm2-ee8:before", "smollm2"),
+    "ee8_offline": ("smollm2-ee8", "smollm2"),
+    "trained45m": ("trained-llama2-drafter", "llama2"),
+}
+
+
+@dataclass
+class TracedStats(DecodeStats):
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _eager(source: str, max_seq_len: int) -> Any:
+    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.reference.load import load_model
+
+    name, _, variant = source.partition(":")
+    spec = get_preset(name)
+    if variant == "before":
+        from omnidraft_deploy.distill.offline import truncated
+
+        return spec, truncated(spec, max_seq_len=max_seq_len)
+    return spec, load_model(spec, max_seq_len=max_seq_len)
+
+
+def early_exit_ready(source: str) -> bool:
+    """Whether an early-exit preset's distilled weights are cached (loading would distil)."""
+    name, _, variant = source.partition(":")
+    if variant == "before" or not name.startswith("smollm2-ee"):
+        return True
+    from omnidraft_deploy.assets import cache_root
+    from omnidraft_deploy.distill.offline import distilled_path
+    from omnidraft_deploy.presets import get_preset
+
+    return distilled_path(get_preset(name), Path(cache_root())).is_file()
+
+
+def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
+                 root: Path = ROOT) -> tuple[Path, Any, dict[str, Any]]:  # fmt: skip
+    """Export (cached) and verify one graph: (path, GraphInfo, parity)."""
+    from omnidraft_deploy.exporters import get_exporter
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.verify import verify_artifact
+
+    spec, model = _eager(source, max_seq_len)
+    out = root / f"{source.replace(':', '-')}-{quant}"
+    recipe = get_recipe("onnx", quant)
+    info = graph_info(model, spec, file=f"{role}.onnx", quantization=quant, seq_len=None)
+    parity_file = out / "parity.json"
+    if not parity_file.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        info, _ = get_exporter("onnx")(model, spec, out, role=role, recipe=recipe, draft_len=4,
+                                       eos_ids=())  # fmt: skip
+        top1 = dataclasses.replace(recipe, tolerance=float("inf"))
+        parity = verify_artifact(out / info.file, info, model, top1)
+        parity_file.write_text(json.dumps(parity, indent=1))
+    parity = json.loads(parity_file.read_text())
+    if parity["top1_agreement"] < recipe.min_top1:
+        raise ValueError(f"{out}: top-1 agreement {parity['top1_agreement']} < {recipe.min_top1}")
+    return out / info.file, info, parity
+
+
+def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
+    from omnidraft_deploy.profile import ort_session
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    return OrtModel(path, info, session=ort_session(path, threads=threads))
+
+
+def mapper_for(drafter_tok: str, target_tok: Any) -> tuple[VocabMapper, Any]:
+    from omnidraft_deploy.vocab.build import build_mapper
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    dt = load_tokenizer(drafter_tok)
+    return build_mapper(dt, target_tok), dt
+
+
+def _traced(dec: SpeculativeDecoder, profile: CostProfile) -> Any:
+    def run(ids: list[int]) -> tuple[list[int], float, DecodeStats | None]:
+        out, st = dec.generate(ids)
+        traced = TracedStats(**dataclasses.asdict(st))
+        if isinstance(dec.drafter, HybridProposer):
+            trace = dec.drafter.trace
+            base, spec = predicted_times(profile, trace, len(ids))
+            sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
+            traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources}
+        return out, st.wall_s, traced
+
+    return run
+
+
+def spec_methods(target: CausalLM, drafters: dict[str, tuple[CausalLM, VocabMapper]],
+                 profiles: dict[str, CostProfile], cfg: DecodeConfig, *, k_max: int = 8,
+                 hybrid: tuple[str, ...] = (), heuristic: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """name -> run(prompt ids): every drafter cost-aware, lookup only, hybrids, +2/-1 rows."""
+    methods: dict[str, Any] = {}
+    any_mapper = next(iter(drafters.values()))[1]
+
+    def lookup() -> LookupProposer:  # per-prompt text only: repeats must not see earlier outputs
+        return LookupProposer(LookupConfig(keep_history=False))
+
+    prof0 = profiles[""]
+    dec = SpeculativeDecoder(target, None, any_mapper, CostAwareDraftLen(prof0, k_max),
+                             config=cfg, lookup=lookup(), profile=prof0)  # fmt: skip
+    methods["ours_lookup"] = _traced(dec, prof0)
+    for name, (lm, mapper) in drafters.items():
+        prof = profiles[name]
+        dec = SpeculativeDecoder(target, lm, mapper, CostAwareDraftLen(prof, k_max), config=cfg,
+                                 profile=prof)  # fmt: skip
+        methods[f"ours_{name}"] = _traced(dec, prof)
+        if name in hybrid:
+            dec = SpeculativeDecoder(target, lm, mapper, CostAwareDraftLen(prof, k_max),
+                                     config=cfg, lookup=lookup(), profile=prof)  # fmt: skip
+            methods[f"ours_hybrid_{name}"] = _traced(dec, prof)
+        if name in heuristic:
+            dec = SpeculativeDecoder(target, lm, mapper, HeuristicDraftLen(4), config=cfg)
+            methods[f"ours_{name}_heur"] = _traced(dec, prof)
+    return methods

@@ -1,0 +1,156 @@
+"""``omnidraft profile BUNDLE``: measure the cost model's latencies on the runtime that will run them.
+
+Per-call latency of the target graph for T = 1..k_max+1 fed tokens, of each drafter graph for
+T = 1..3, a target prefill of ``context`` tokens, and the host cost of one step (logit checks +
+greedy verification) and of one lookup proposal. Calls are interleaved across repeats (every
+(graph, T) once per round, the order rotated each round) so machine noise hits all alike; medians
+are kept. The result (``speculative.cost.CostProfile``) is written as ``cost_profile.json`` to the
+bundle's session folder (``state.state_dir``: never into the hashed bundle), where
+``load_profile`` finds it for the decoder.
+
+ONNX Runtime threading is explicit (``ort_session``): intra-op threads = physical cores (2 here),
+one inter-op thread, and no spin-waiting, because a spinning ORT thread pool on a shared machine
+burns the cores other processes need (an oversubscribed run here fell to 0.17 tok/s).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.speculative.cost import PROFILE_FILE, CostProfile
+from omnidraft_deploy.speculative.lookup import LookupProposer
+from omnidraft_deploy.speculative.verify import verify_greedy
+
+Progress = Callable[[Iterable[int]], Iterable[int]]
+
+
+def physical_cores() -> int:
+    """Physical cores (not hyper-threads) of this machine, from sysfs; os.cpu_count() fallback."""
+    ids = set()
+    for p in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/core_id"):
+        pkg = (p.parent / "physical_package_id").read_text().strip()
+        ids.add((pkg, p.read_text().strip()))
+    return len(ids) or os.cpu_count() or 1
+
+
+def ort_session(path: Path, *, threads: int | None = None, spinning: bool = False) -> Any:
+    """CPU ORT session with explicit threading (module docstring)."""
+    from omnidraft_deploy.onnx_host import require_onnxruntime
+
+    ort = require_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads or physical_cores()
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def bundle_graph(bundle: Path, role: str, *, threads: int | None = None) -> CausalLM:
+    """One verified graph of an onnx bundle under ``ort_session`` threading."""
+    from omnidraft_deploy.manifest import verify_bundle
+    from omnidraft_deploy.runtime.bundle import check_graph
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    manifest = verify_bundle(bundle)
+    check_graph(bundle, manifest, role)
+    info = manifest.graphs[role]
+    if not info.file.endswith(".onnx"):
+        raise ValueError(f"{bundle / info.file}: profile runs ONNX graphs (onnx backend) only")
+    path = bundle / info.file
+    return OrtModel(path, info, session=ort_session(path, threads=threads))
+
+
+def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:
+    t0 = time.perf_counter()
+    lm.forward(ids, pos)
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t0)
+
+
+@torch.inference_mode()
+def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
+            context: int = 64, reps: int = 5,
+            progress: Progress = lambda r: r) -> dict[str, CostProfile]:  # fmt: skip
+    """drafter name -> profile (the target's latencies shared); ``""``: no drafter (lookup)."""
+    ids = (torch.arange(context + k_max + 1) * 7919 % 5000 + 100).long()
+    models: dict[str, CausalLM] = {"": target, **drafters}
+    for lm in models.values():
+        lm.forward(ids[:context], 0)  # fill the KV cache; the timed calls read it
+    jobs = [("", t) for t in range(1, k_max + 2)] + [(n, t) for n in drafters for t in (1, 2, 3)]
+    jobs.append(("prefill", context))
+    times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
+    logits = target.forward(ids[context : context + 5], context)
+    host, look = [], LookupProposer()
+    look.reset(ids.tolist() * 4)
+    for r in progress(range(reps)):
+        for name, t in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
+            if name == "prefill":
+                times[(name, t)].append(_call(target, ids[:t], 0) / t)
+            else:
+                times[(name, t)].append(_call(models[name], ids[context : context + t], context))
+        host.append(_timed(lambda: _host_step(logits)))
+    lookup_ms = statistics.median(_timed(lambda: look.propose(k_max)) for _ in range(50))
+
+    def med(name: str, widths: Iterable[int]) -> tuple[float, ...]:
+        return tuple(statistics.median(times[(name, t)]) for t in widths)
+
+    target_ms = med("", range(1, k_max + 2))
+    prefill = statistics.median(times[("prefill", context)])
+    common: dict[str, Any] = {"target_ms": target_ms, "lookup_ms": lookup_ms,
+                              "overhead_ms": statistics.median(host),
+                              "prefill_ms_per_token": prefill}  # fmt: skip
+    out = {"": CostProfile(**common)}
+    for name in drafters:
+        out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)), **common)
+    return out
+
+
+def _host_step(logits: torch.Tensor) -> None:
+    """What a verification step does on the host besides the calls: checks, argmax, verify."""
+    bad = torch.isnan(logits).any() | torch.isposinf(logits).any()
+    if bool(bad):
+        raise FloatingPointError("non-finite logits while profiling")
+    verify_greedy([1, 2, 3, 4], logits)
+
+
+def profile_path(state: Path) -> Path:
+    return state / PROFILE_FILE
+
+
+def save_profile(profile: CostProfile, state: Path) -> Path:
+    path = profile_path(state)
+    write_text_atomic(path, profile.to_json())
+    return path
+
+
+def load_profile(state: Path) -> CostProfile | None:
+    """The profile ``omnidraft profile`` wrote to a session folder, or None when there is none
+    (a malformed file raises ValueError naming it)."""
+    path = profile_path(state)
+    return CostProfile.load(path) if path.is_file() else None
+
+
+def profile_bundle(bundle: Path, state: Path, *, k_max: int = 8, reps: int = 7,
+                   threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
+    """Measure a bundle's target + drafter graphs and save the profile to ``state``."""
+    target = bundle_graph(bundle, "target", threads=threads)
+    drafter = bundle_graph(bundle, "drafter", threads=threads)
+    prof = measure(target, {"drafter": drafter}, k_max=k_max, reps=reps, progress=progress)
+    return save_profile(prof["drafter"], state)

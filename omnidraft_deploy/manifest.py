@@ -58,6 +58,7 @@ from typing import Any
 
 from omnidraft_deploy.atomic import staged_dir, write_bytes_atomic, write_text_atomic
 from omnidraft_deploy.backends import backend_names, recipe_names
+from omnidraft_deploy.strict_json import check_finite, depth, loads_strict
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "omnidraft-bundle"
@@ -196,7 +197,7 @@ class Manifest:
             )
         if type(self.extras) is not dict:
             raise ValueError(f"field extras: expected an object, got {type(self.extras).__name__}")
-        _finite("extras", self.extras)
+        check_finite("extras", self.extras)
         if type(self.files) is not dict or len(self.files) > MAX_FILES:
             raise ValueError(f"field files: expected an object of at most {MAX_FILES} entries")
         for rel, entry in self.files.items():
@@ -273,20 +274,6 @@ class Manifest:
             raise BundleError(source, str(e)) from None
 
 
-def _finite(where: str, value: object) -> None:
-    """No NaN / infinity anywhere in free-form JSON (other readers, Java's, refuse them)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"field {where}: {value} is not a finite number")
-    for key, item in (
-        value.items()
-        if isinstance(value, dict)
-        else enumerate(value or [])
-        if isinstance(value, list)
-        else ()
-    ):
-        _finite(f"{where}.{key}", item)
-
-
 def _obj(where: str, value: object) -> dict[str, Any]:
     if type(value) is not dict:
         raise ValueError(f"field {where}: expected an object, got {type(value).__name__}")
@@ -312,43 +299,15 @@ def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_BYTES:
         raise BundleError(source, f"{len(text)} characters, more than {MAX_MANIFEST_BYTES}")
 
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            raise ValueError("duplicate keys in one object")
-        return out
-
-    if _depth(text) > MAX_JSON_DEPTH:
+    if depth(text) > MAX_JSON_DEPTH:
         raise BundleError(source, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        raw = json.loads(text, object_pairs_hook=no_duplicates)  # NaN: refused per field
+        raw = loads_strict(text)  # NaN parses, and is refused per field
     except (ValueError, RecursionError) as e:
         raise BundleError(source, f"not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise BundleError(source, "not an omnidraft bundle manifest (not a JSON object)")
     return raw
-
-
-def _depth(text: str) -> int:
-    """Deepest bracket nesting outside strings (checked before ``json.loads`` recurses)."""
-    depth = deepest = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:

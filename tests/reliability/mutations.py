@@ -13,6 +13,7 @@ round-trip; manifest: every field has its documented type and range.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -259,8 +260,8 @@ def manifest_inputs(draw: Any) -> str:
         for k in path[:-1]:
             parent = parent[k]
         op = draw(st.sampled_from(["set", "set", "set", "delete", "add", "swap", "nan"]))
-        if op == "set":
-            parent[path[-1]] = draw(st.sampled_from(VALUES))
+        if op == "set":  # a copy: a later "add" must not edit the shared pool
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(VALUES)))
         elif op == "delete":
             del parent[path[-1]]
         elif op == "add":

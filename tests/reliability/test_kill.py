@@ -58,8 +58,8 @@ def _report(name: str, s: KillStats) -> None:
 @pytest.mark.parametrize(
     ("kind", "check", "quick", "long"),
     [
-        ("synthetic_export", _bundle_ok, 10, 200),
-        ("cache_save", _cache_ok, 4, 100),
+        ("synthetic_export", _bundle_ok, 8, 200),
+        ("cache_save", _cache_ok, 3, 100),
         pytest.param("checkpoint", _checkpoint_ok, 4, 100, marks=pytest.mark.slow),
     ],
 )

@@ -155,7 +155,8 @@ def run(cfg: Config, rows: tuple[str, ...], tasks: tuple[str, ...] = TASKS) -> d
             if cfg.check_target and row == rows[0]:
                 cell["target_argmax_reproduced"] = _target_reproduces(target, eval_p, outputs)
             log.info("%s / %s: %s", row, task, {k: v for k, v in figs.items()})
-            res = _load(out) | {"meta": res["meta"]}  # other processes may have added cells
+            keep = {k: res[k] for k in ("meta", "offline_distillation") if k in res}
+            res = _load(out) | keep  # other processes may have added cells
             res["cells"].setdefault(row, {})[task] = cell
             res["meta"]["load_end"] = os.getloadavg()
             write_text_atomic(out, json.dumps(res, indent=1))
@@ -235,13 +236,18 @@ def to_markdown(res: dict[str, Any], command: str) -> str:
     lines = [
         "# Early-exit SmolLM2 drafter on the real Qwen2.5-Coder-0.5B target",
         "",
-        f"Command: `{command}`",
+        "Commands (the rows and tasks ran as separate processes; cells merge in the JSON):",
+        "",
+        *[f"    {c}" for c in res.get("commands") or [command]],
         "",
         f"Drafter `{meta.get('config', {}).get('drafter')}` "
         f"({meta.get('drafter_params', 0) / 1e6:.1f}M params, SmolLM2 vocabulary) -> target "
         f"`{meta.get('target')}` (Qwen2 vocabulary); greedy, draft length 4, held-out prompts "
         "(never seen offline; disjoint from the online adaptation prompts), eager PyTorch, "
-        f"2 threads. Load average at start {meta.get('load_start')}, end {meta.get('load_end')}.",
+        f"{meta.get('config', {}).get('threads')} torch thread(s) (acceptance does not depend on "
+        f"it). Load average at start {meta.get('load_start')}, end {meta.get('load_end')}. "
+        "Tokens per target call counts the prompt's prefill call too (so a drafter whose every "
+        "draft is rejected shows n / (n + 1), not 1).",
         "",
     ]
     for key, title in _COLS:
@@ -333,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     ap.add_argument("--adapt-lr", type=float, default=d.adapt_lr)
     ap.add_argument("--adapt-steps", type=int, default=d.adapt_steps)
+    ap.add_argument("--threads", type=int, default=d.threads, help="torch threads (acceptance "
+                    "does not depend on it; 1 wastes less on an oversubscribed machine)")  # fmt: skip
     ap.add_argument("--rows", default=",".join(ROWS), help="subset of before,offline,online")
     ap.add_argument("--tasks", default=",".join(TASKS), help="subset of the corpus tasks")
     ap.add_argument("--no-check-target", action="store_true")
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = Config(a.drafter, a.n_adapt, a.n_eval, a.max_new_tokens, adapt_lr=a.adapt_lr,
-                 adapt_steps=a.adapt_steps, check_target=not a.no_check_target,
+                 adapt_steps=a.adapt_steps, threads=a.threads, check_target=not a.no_check_target,
                  out_dir=a.out_dir)  # fmt: skip
     rows = tuple(r for r in a.rows.split(",") if r)
     if not set(rows) <= set(ROWS):

@@ -63,7 +63,9 @@ def reliability_report(request: pytest.FixtureRequest) -> Any:
     if not LONG or not RESULTS:
         return
     args = " ".join(request.config.invocation_params.args)
-    command = f"OMNIDRAFT_RELIABILITY=long .venv/bin/pytest {args}"
+    n = os.environ.get("OMNIDRAFT_FUZZ_N")
+    env = f"OMNIDRAFT_RELIABILITY=long {f'OMNIDRAFT_FUZZ_N={n} ' if n else ''}"
+    command = f"{env}.venv/bin/pytest {args}"
     run = {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -32,7 +32,7 @@ def _agg(
     }  # fmt: skip
     if genai:
         out["speedup_vs_genai"] = sum(genai[r["prompt"]] for r in rows) / wall if wall else 0.0
-    if rows and "proposed" in rows[0]:
+    if rows and "proposed" in rows[0] and rows[0]["method"] != "ours_target":
         s = {k: sum(float(r.get(k, 0)) for r in rows) for k in
              ("proposed", "accepted", "n_generated", "target_calls", "drafter_calls")}  # fmt: skip
         out["acceptance"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0

@@ -197,6 +197,7 @@ def _row(i: int, task: str, name: str, rs: list[tuple[list[int], float, DecodeSt
         row.update({k: float(v) for k, v in st.summary().items()})
         row.update(proposed=st.proposed, accepted=st.accepted, accept_counts=st.accept_counts,
                    draft_len_trace=st.draft_len_trace)  # fmt: skip
+        row.update(getattr(st, "extra", {}))  # e.g. the cost model's prediction (ort_pair)
     return row
 
 

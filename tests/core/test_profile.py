@@ -1,0 +1,49 @@
+"""``omnidraft_deploy.profile``: the measurement's shape and the session-folder round trip (no
+speed asserted: only that every figure is a positive latency and lands where the decoder reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnidraft_deploy.profile import load_profile, measure, physical_cores, save_profile
+from omnidraft_deploy.speculative.cost import PROFILE_FILE
+
+
+class CountingLM:
+    """Logits depend on the last token; records every (T, start) call."""
+
+    def __init__(self, vocab: int = 16) -> None:
+        self.rows, self.calls = torch.randn(vocab, vocab), list[tuple[int, int]]()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def max_seq_len(self) -> int:
+        return 128
+
+    def forward(self, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        self.calls.append((int(token_ids.shape[0]), start_pos))
+        return self.rows[token_ids % self.vocab_size]
+
+
+def test_measure_interleaves_every_width_and_saves_to_the_state_folder(tmp_path: Path) -> None:
+    target, drafter = CountingLM(), CountingLM()
+    profs = measure(target, {"d": drafter}, k_max=3, context=8, reps=3)
+    assert set(profs) == {"", "d"}
+    p = profs["d"]
+    assert len(p.target_ms) == 4 and len(p.drafter_ms) == 3 and p.drafter_ratio > 0
+    widths = {t for t, pos in target.calls if pos == 8}
+    assert widths >= {1, 2, 3, 4}  # T = 1..k_max+1 at the context position
+    assert sum(1 for t, pos in drafter.calls if (t, pos) == (1, 8)) == 3  # once per round
+    path = save_profile(p, tmp_path)
+    assert path == tmp_path / PROFILE_FILE and load_profile(tmp_path) == p
+    assert load_profile(tmp_path / "none") is None
+    path.write_text("{}")
+    with pytest.raises(ValueError, match=PROFILE_FILE):
+        load_profile(tmp_path)
+    assert physical_cores() >= 1

@@ -117,8 +117,9 @@ def cmd_run(a: argparse.Namespace) -> None:
             "command": " ".join(sys.argv), "graph_parity": parity}  # fmt: skip
     out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in loaded.items()},
            "rows": res.rows}  # fmt: skip
-    CHUNKS.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(CHUNKS / f"{a.tasks.replace(',', '+')}.json", json.dumps(out, indent=1))
+    chunks = Path(a.chunk_dir)
+    chunks.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(chunks / f"{a.tasks.replace(',', '+')}.json", json.dumps(out, indent=1))
     log.info("chunk %s done; load %s -> %s", a.tasks, load0, meta["load_avg_end"])
 
 
@@ -171,13 +172,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--heuristic", default="smollm2", help="drafters also run with +2/-1, k=4")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--no-genai", action="store_true")
-    sub.add_parser("report").add_argument("--out-dir", default="reports")
+    p.add_argument("--chunk-dir", default=str(CHUNKS), help="where the chunk's JSON goes")
+    p = sub.add_parser("report")
+    p.add_argument("--out-dir", default="reports")
+    p.add_argument("--chunk-dir", default=str(CHUNKS))
+    p.add_argument("--name", default="real_pair", help="report file stem")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.verb == "report":
         from real_pair_report import write_report  # type: ignore[import-not-found]
 
-        write_report(CHUNKS, Path(a.out_dir))
+        write_report(Path(a.chunk_dir), Path(a.out_dir), a.name)
     else:
         {"prepare": cmd_prepare, "run": cmd_run}[a.verb](a)
 

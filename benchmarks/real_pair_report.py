@@ -87,7 +87,7 @@ def _profiles(chunks: list[dict[str, Any]]) -> dict[str, CostProfile]:
     return {n: CostProfile.from_json(json.dumps(v)) for n, v in raw.items()}
 
 
-def write_report(chunk_dir: Path, out_dir: Path) -> None:
+def write_report(chunk_dir: Path, out_dir: Path, name: str = "real_pair") -> None:
     chunks = [json.loads(p.read_text()) for p in sorted(chunk_dir.glob("*.json"))]
     if not chunks:
         raise FileNotFoundError(f"{chunk_dir}: no chunks; run `benchmarks/real_pair.py run` first")
@@ -111,10 +111,10 @@ def write_report(chunk_dir: Path, out_dir: Path) -> None:
         "profiles": chunks[0]["profiles"],
         "summary": summ,
     }
-    write_text_atomic(out_dir / "real_pair.json", json.dumps(payload, indent=1, default=str) + "\n")
-    write_text_atomic(out_dir / "real_pair.md", _markdown(summ, chunks, profs))
+    write_text_atomic(out_dir / f"{name}.json", json.dumps(payload, indent=1, default=str) + "\n")
+    write_text_atomic(out_dir / f"{name}.md", _markdown(summ, chunks, profs))
     for t in TASKS:
-        _plot(summ, t, out_dir / f"real_pair_{t}.png")
+        _plot(summ, t, out_dir / f"{name}_{t}.png")
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:

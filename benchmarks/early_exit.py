@@ -188,6 +188,7 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
     target, eager and on ORT CPU, round-robin over ``rounds``; the drafter cost ratio."""
     import statistics
 
+    from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     from omnidraft_deploy.manifest import GraphInfo
@@ -202,11 +203,16 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
         (path, info), parity = _export_drafter(drafter, spec, quant, Path(".bench/early_exit"))
         res["parity"][quant] = parity
         lms[f"ort_drafter_{quant}"] = OrtModel(path, info, threads=cfg.threads)
-    lms["eager_target"] = EagerLM(load_model(get_preset(recipe_of(spec).target), max_seq_len=512))
-    if target_graph is not None:
-        meta = json.loads((target_graph.parent / "manifest.json").read_text())
-        info = GraphInfo(**meta["graphs"]["target"])
+    t_spec = get_preset(recipe_of(spec).target)
+    target = load_model(t_spec, max_seq_len=512)
+    lms["eager_target"] = EagerLM(target)
+    if target_graph is not None:  # a bundle's target graph (manifest beside it), else int8
+        manifest = target_graph.parent / "manifest.json"
+        info = (GraphInfo(**json.loads(manifest.read_text())["graphs"]["target"])
+                if manifest.is_file() else graph_info(target, t_spec, file=target_graph.name,
+                                                      quantization="int8", seq_len=None))  # fmt: skip
         lms["ort_target"] = OrtModel(target_graph, info, threads=cfg.threads)
+        res["target_graph"] = str(target_graph)
     times: dict[str, list[float]] = {k: [] for k in lms}
     for _ in range(rounds):
         for name, lm in lms.items():

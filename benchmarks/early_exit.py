@@ -292,7 +292,8 @@ def _cost_lines(cost: dict[str, Any] | None) -> list[str]:
     out += [f"| {k} | {v:.1f} |" for k, v in ms.items()]
     ratios = {k: v for k, v in cost.items() if k.startswith("ratio_")}
     out += ["", "Ratios: " + ", ".join(f"{k[6:]} {v:.3f}" for k, v in ratios.items())
-            + f". Load average at start {cost['load_start']}, end {cost['load_end']}.",
+            + f" (ORT target graph: `{cost.get('target_graph')}`). Load average at start "
+            f"{cost['load_start']}, end {cost['load_end']}.",
             "ONNX export parity of the drafter (exporters.verify, vs eager): "
             + "; ".join(f"{q}: max |logit diff| {p['max_abs_logit_diff']:.2e}, top-1 "
                         f"{p['top1_agreement']:.3f}" for q, p in cost["parity"].items()), ""]  # fmt: skip

@@ -14,9 +14,9 @@ import argparse
 import json
 from importlib import resources
 
+import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
 import torch
 
-from omnidraft_deploy import ort_pair as op
 from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 

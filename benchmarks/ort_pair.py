@@ -101,8 +101,9 @@ def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
 
 
 def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
-    from omnidraft_deploy.profile import ort_session
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    from omnidraft_deploy.profile import ort_session
 
     return OrtModel(path, info, session=ort_session(path, threads=threads))
 

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/real_pair.py report                  # chunks -> reports/real_pair.*
 
 ``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the int8 ORT graphs
-(``omnidraft_deploy.ort_pair``; sessions with explicit intra-op threads, no spinning), measures the
+(``benchmarks/ort_pair.py``; sessions with explicit intra-op threads, no spinning), measures the
 cost profile (``omnidraft_deploy.profile.measure``: interleaved repeats, medians) and saves it to
 ``.bench/real_pair/cost_profile.json``, from where the decoders load it; then times every method on
 the task's 6 prompts (``omnidraft_deploy/data/real_pair_prompts.json``) x ``--max-new-tokens``,
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy import ort_pair as op
+import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
+
 from omnidraft_deploy import real_pair as rp
 from omnidraft_deploy.manifest import write_text_atomic
 

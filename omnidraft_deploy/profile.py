@@ -5,8 +5,8 @@ T = 1..3, a target prefill of ``context`` tokens, and the host cost of one step 
 greedy verification) and of one lookup proposal. Calls are interleaved across repeats (every
 (graph, T) once per round, the order rotated each round) so machine noise hits all alike; medians
 are kept. The result (``speculative.cost.CostProfile``) is written as ``cost_profile.json`` to the
-bundle's session folder (``state.state_dir``: never into the hashed bundle), where
-``load_profile`` finds it for the decoder.
+bundle's session folder (``state.state_dir``: never into the hashed bundle; ``runtime/profile.py``
+opens the bundle), where ``load_profile`` finds it for the decoder.
 
 ONNX Runtime threading is explicit (``ort_session``): intra-op threads = physical cores (2 here),
 one inter-op thread, and no spin-waiting, because a spinning ORT thread pool on a shared machine
@@ -55,21 +55,6 @@ def ort_session(path: Path, *, threads: int | None = None, spinning: bool = Fals
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-def bundle_graph(bundle: Path, role: str, *, threads: int | None = None) -> CausalLM:
-    """One verified graph of an onnx bundle under ``ort_session`` threading."""
-    from omnidraft_deploy.manifest import verify_bundle
-    from omnidraft_deploy.runtime.bundle import check_graph
-    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
-
-    manifest = verify_bundle(bundle)
-    check_graph(bundle, manifest, role)
-    info = manifest.graphs[role]
-    if not info.file.endswith(".onnx"):
-        raise ValueError(f"{bundle / info.file}: profile runs ONNX graphs (onnx backend) only")
-    path = bundle / info.file
-    return OrtModel(path, info, session=ort_session(path, threads=threads))
 
 
 def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:
@@ -145,12 +130,3 @@ def load_profile(state: Path) -> CostProfile | None:
     (a malformed file raises ValueError naming it)."""
     path = profile_path(state)
     return CostProfile.load(path) if path.is_file() else None
-
-
-def profile_bundle(bundle: Path, state: Path, *, k_max: int = 8, reps: int = 7,
-                   threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
-    """Measure a bundle's target + drafter graphs and save the profile to ``state``."""
-    target = bundle_graph(bundle, "target", threads=threads)
-    drafter = bundle_graph(bundle, "drafter", threads=threads)
-    prof = measure(target, {"drafter": drafter}, k_max=k_max, reps=reps, progress=progress)
-    return save_profile(prof["drafter"], state)

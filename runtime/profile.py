@@ -1,0 +1,33 @@
+"""``omnidraft profile BUNDLE``: open a bundle's ONNX graphs under explicit ORT threading and save
+their measured cost profile (``omnidraft_deploy.profile``) to the bundle's session folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omnidraft_deploy.runtime.bundle import check_graph
+from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+from omnidraft_deploy.manifest import verify_bundle
+from omnidraft_deploy.profile import Progress, measure, ort_session, save_profile
+from omnidraft_deploy.protocols import CausalLM
+
+
+def bundle_graph(bundle: Path, role: str, *, threads: int | None = None) -> CausalLM:
+    """One verified graph of an onnx bundle under ``ort_session`` threading."""
+    manifest = verify_bundle(bundle)
+    check_graph(bundle, manifest, role)
+    info = manifest.graphs[role]
+    if not info.file.endswith(".onnx"):
+        raise ValueError(f"{bundle / info.file}: profile runs ONNX graphs (onnx backend) only")
+    path = bundle / info.file
+    return OrtModel(path, info, session=ort_session(path, threads=threads))
+
+
+def profile_bundle(bundle: Path, state: Path, *, k_max: int = 8, reps: int = 7,
+                   threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
+    """Measure a bundle's target + drafter graphs and save the profile to ``state``."""
+    target = bundle_graph(bundle, "target", threads=threads)
+    drafter = bundle_graph(bundle, "drafter", threads=threads)
+    prof = measure(target, {"drafter": drafter}, k_max=k_max, reps=reps, progress=progress)
+    return save_profile(prof["drafter"], state)

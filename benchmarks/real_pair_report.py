@@ -194,7 +194,9 @@ def _plot(summ: dict[str, Any], task: str, path: Path) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("speedup vs our ORT target-only")
-    ax.set_title(f"real_pair, {task}: Qwen2.5-Coder-0.5B int8 ORT, greedy (identity: see real_pair.md)")
+    ax.set_title(
+        f"real_pair, {task}: Qwen2.5-Coder-0.5B int8 ORT, greedy (identity: see real_pair.md)"
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

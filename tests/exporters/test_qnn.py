@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role
+from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("onnxruntime")
@@ -23,7 +23,20 @@ pytest.importorskip(
     "onnxruntime_qnn", reason="onnxruntime-qnn not installed: pip install 'omnidraft-deploy[qnn]'"
 )
 log = logging.getLogger(__name__)
-SPEC = ModelSpec("toy", Role.TARGET, Family.LLAMA, "toy", 64, 32, 2, 4, 2, 64, max_seq_len=32)
+SPEC = ModelSpec(
+    "toy",
+    Role.TARGET,
+    Family.LLAMA,
+    "toy",
+    64,
+    32,
+    2,
+    4,
+    2,
+    64,
+    max_seq_len=32,
+    source=Source.RANDOM,
+)
 T = 3  # static graph length (draft_len 2 + 1)
 
 

@@ -1,215 +1,157 @@
 """Command line: ``omnidraft <verb>`` and ``omnidraft-export``. The single composition root.
 
 Each handler turns its ``Namespace`` into library arguments in one place and lazy-imports the
-heavy backends it needs, so ``omnidraft --help`` starts in well under a second.
+heavy backends it needs, so ``--help`` starts in well under a second. Every verb runs under
+``console.run_verb``: quiet unless ``-v``, errors as one paragraph naming the flag, Ctrl-C exits
+130. Results go to stdout; progress bars, notes and statistics to stderr. ``run`` and
+``validate`` only read a bundle; their session files go to ``--state`` (``omnidraft_deploy.state``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from omnidraft_deploy.backends import Backend, backend_names, get_backend, quantization_help
-from omnidraft_deploy.presets import (
-    DEFAULT_DRAFTER,
-    DEFAULT_TARGET,
-    Role,
-    get_preset,
-    list_presets,
+from omnidraft_deploy import __version__
+from omnidraft_deploy.backends import backend_names, get_backend, quantization_help
+from omnidraft_deploy.cli_local import (
+    DEFAULT_PROMPT,
+    add_decode_flags,
+    cmd_assets,
+    cmd_bench,
+    cmd_generate,
+    cmd_presets,
 )
+from omnidraft_deploy.console import library_stdout, run_verb
+from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role
 
-Handler = Callable[[argparse.Namespace], int]
-DEFAULT_PROMPT = (
-    "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
-)
-
-
-def _cmd_presets(args: argparse.Namespace) -> int:
-    for spec in list_presets(Role(args.role) if args.role else None):
-        size = f"{spec.n_params() / 1e6:,.1f}M"
-        print(
-            f"{spec.name:18} {spec.role.value:8} {spec.family.value:6} tokenizer={spec.tokenizer:8}"
-            f" vocab={spec.vocab_size:<7} params={size:>10}  {spec.weights_from}"
-        )
-    return 0
+EXPORT_EXAMPLES = """examples:
+  omnidraft-export                        # offline tiny twins: random weights, real tokenizers
+  omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization int8
+  omnidraft-export --target llama3-8b --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
+Architecture, tokenizer and special tokens come from the weights (--model, --drafter-model); a
+preset supplies the rest and must speak the same vocabulary, or the export is refused before any
+work. recipes (--quantization): """
+PROVIDER_HELP = "where the graphs run (default: qnn bundles on the QNN HTP, others the CPU)"
+STATE_HELP = "folder for session files (grown n-gram cache, reports); default: user state folder"
 
 
-def _cmd_assets(args: argparse.Namespace) -> int:
-    from omnidraft_deploy import assets
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows defaults (except unset ones) and keeps the examples' line breaks."""
 
-    if args.action == "list":
-        for name, info in assets.list_assets().items():
-            print(f"{name:28} {info}")
-        return 0
-    paths = assets.fetch_assets(include_models=args.models)
-    for name, path in paths.items():
-        print(f"{name:28} {path}")
-    return 0
-
-
-def _decode_config(args: argparse.Namespace, eos: tuple[int, ...], vocab_limit: int):
-    from omnidraft_deploy.speculative.decoder import DecodeConfig
-    from omnidraft_deploy.speculative.drafter import Mode
-
-    mode = Mode(args.mode)
-    temperature = 0.0 if mode is Mode.GREEDY else args.temperature
-    return DecodeConfig(
-        mode=mode,
-        temperature=temperature,
-        max_new_tokens=args.max_new_tokens,
-        eos_ids=eos,
-        vocab_limit=vocab_limit,
-    )
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.pipeline import build_pair
-    from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
-    from omnidraft_deploy.speculative.draft_len import make_policy
-
-    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
-    cfg = _decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
-    ids = pair.target_tok.encode(args.prompt)
-    dec = SpeculativeDecoder(
-        pair.target,
-        pair.drafter,
-        pair.mapper,
-        make_policy(args.policy, args.draft_len),
-        NGramCache(),
-        config=cfg,
-    )
-    out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
-    print(args.prompt + pair.target_tok.decode(out))
-    if args.check:
-        ref, _ = generate_target_only(
-            pair.target, ids, cfg, torch.Generator().manual_seed(args.seed)
-        )
-        print(f"# identical to target-only: {ref == out}")
-    print("# " + json.dumps({k: round(v, 4) for k, v in stats.summary().items()}))
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from omnidraft_deploy.bench import BenchPrompt, run_decode_bench, write_report
-    from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.pipeline import build_pair
-    from omnidraft_deploy.prompts import load_prompts
-    from omnidraft_deploy.speculative.draft_len import make_policy
-
-    if args.lossless:
-        from omnidraft_deploy.bench import lossless_report
-
-        print(lossless_report(args.out).read_text())
-        return 0
-    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
-    cfg = _decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
-    prompts = [BenchPrompt(p.task, pair.target_tok.encode(p.text)) for p in load_prompts()]
-    result = run_decode_bench(
-        pair.target,
-        pair.drafter,
-        pair.mapper,
-        make_policy(args.policy, args.draft_len),
-        prompts,
-        cfg,
-        ngram_cache=NGramCache(),
-        seed=args.seed,
-    )
-    meta = {
-        "target": args.target,
-        "drafter": args.drafter,
-        "mode": args.mode,
-        "policy": args.policy,
-        "draft_len": args.draft_len,
-        **pair.mapper.overlap_report(),
-    }
-    path = write_report(
-        result, args.out, title=f"decode-{args.drafter}--{args.target}-{args.mode}", meta=meta
-    )
-    print(path.read_text())
-    return 0
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from omnidraft_deploy.inputs import resolve_export  # checks first: no torch import before
 
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    target, drafter = args.target or DEFAULT_TARGET, args.drafter or DEFAULT_DRAFTER
+    quant = args.quantization or get_backend(args.backend).default_quantization
+    out = Path(args.out or f"bundles/{target}-{args.backend}")
+    inputs = resolve_export(
+        target=target, drafter=drafter, model=args.model, drafter_model=args.drafter_model,
+        out_dir=out, force=args.force, quantization=quant,
+        default_target=args.target is None, default_drafter=args.drafter is None,
+    )  # fmt: skip
+    for note in inputs.notes:
+        print(f"note: {note}", file=sys.stderr)
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.checked_export import export_resolved
 
     cfg = ExportConfig(
-        target=args.target,
-        drafter=args.drafter,
-        backend=args.backend,
-        quantization=args.quantization or get_backend(args.backend).default_quantization,
-        out_dir=Path(args.out or f"bundles/{args.target}-{args.backend}"),
-        max_seq_len=args.max_seq_len,
-        draft_len=args.draft_len,
-        target_model=args.model,
-        drafter_model=args.drafter_model,
-        seed=args.seed,
-        verify=not args.no_verify,
-    )
-    path = export_pair(cfg)
-    print((path / "manifest.json").read_text())
+        target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
+        max_seq_len=args.max_seq_len, draft_len=args.draft_len, target_model=args.model,
+        drafter_model=args.drafter_model, verify=not args.no_verify,
+    )  # fmt: skip
+    with library_stdout(getattr(args, "verbose", False)):
+        path = export_resolved(cfg, inputs)
+    manifest = json.loads((path / "manifest.json").read_text())
+    size = sum(f["size"] for f in manifest["files"].values()) / 1e6
+    parity = manifest["graphs"]["target"].get("parity", {})
+    checked = f", target max |logit diff| {parity['max_abs_logit_diff']:.2g}" if parity else ""
+    chat = " --chat" if inputs.target.chat_template else ""
+    print(f"exported {path} ({args.backend}/{quant}, {size:.1f} MB{checked})\nnext:\n"
+          f"  omnidraft validate {path}\n  omnidraft run {path}{chat} --prompt 'def fib(n):'")  # fmt: skip
     return 0
 
 
 def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.manifest import read_manifest
+    from omnidraft_deploy.manifest import verify_bundle
     from omnidraft_deploy.prompts import load_prompts
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
-    tok = load_tokenizer(read_manifest(bundle).graphs["target"].tokenizer)
+    tok = load_bundle_tokenizer(Path(bundle), "target", verify_bundle(bundle).files)
     return [(p.task, tok.encode(p.text)) for p in load_prompts()]
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from omnidraft_deploy.manifest import write_text_atomic
     from omnidraft_deploy.runtime.validate import validate_bundle
+    from omnidraft_deploy.state import VALIDATION_REPORT, state_dir
 
     ok = True
     for bundle in args.bundles:
+
+        def bar(rows: Any, name: str = bundle) -> Any:
+            return tqdm(rows, desc=f"validate {name}", unit="prompt", leave=False)
+
         report = validate_bundle(
-            bundle,
-            _bundle_prompts(bundle),
-            max_new_tokens=args.max_new_tokens,
-            provider=args.provider,
+            bundle, max_new_tokens=args.max_new_tokens, provider=args.provider, progress=bar
         )
-        write_text_atomic(Path(bundle) / "validation.json", json.dumps(report, indent=2) + "\n")
-        print(
-            f"{bundle}: backend={report['backend']} provider={report['provider']} "
-            f"quant={report['quantization']} eager==runtime {report['eager_equal']}/"
-            f"{report['prompts']} speculative==runtime {report['speculative_equal']}/"
-            f"{report['prompts']} -> {'PASS' if report['passed'] else 'FAIL'}"
-        )
+        path = state_dir(bundle, args.state) / VALIDATION_REPORT
+        write_text_atomic(path, json.dumps(report, indent=2) + "\n")
+        n = report["prompts"]
+        print(f"{bundle}: {report['backend']}/{report['quantization']} on {report['provider']}: "
+              f"runtime == reference {report['eager_equal']}/{n}, speculative == runtime "
+              f"{report['speculative_equal']}/{n} -> {'PASS' if report['passed'] else 'FAIL'}"
+              f"  (report: {path})")  # fmt: skip
         ok &= bool(report["passed"])
     return 0 if ok else 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from omnidraft_deploy.manifest import read_manifest
-    from omnidraft_deploy.runtime.validate import run_bundle
-    from omnidraft_deploy.streaming import TextStreamer
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+    import torch
 
-    graphs = read_manifest(args.bundle).graphs
-    t_tok = load_tokenizer(graphs["target"].tokenizer)  # the drafter's BOS is in the map
-    stream = TextStreamer(t_tok, sys.stdout, sys.stderr if args.step_stats else None)
-    sys.stdout.write(args.prompt)
-    _, stats = run_bundle(
-        args.bundle,
-        t_tok.encode(args.prompt),
-        max_new_tokens=args.max_new_tokens,
-        provider=args.provider,
-        observer=stream,
+    from omnidraft_deploy.manifest import verify_bundle
+    from omnidraft_deploy.runtime.validate import run_bundle, target_only
+    from omnidraft_deploy.speculative.decoder import DecodeConfig
+    from omnidraft_deploy.speculative.drafter import Mode
+    from omnidraft_deploy.state import state_dir
+    from omnidraft_deploy.streaming import TextStreamer
+    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
+
+    tok = load_bundle_tokenizer(Path(args.bundle), "target", verify_bundle(args.bundle).files)
+    text = (
+        render_chat(getattr(tok, "chat_template", None), args.prompt) if args.chat else args.prompt
     )
+    greedy = Mode(args.mode) is Mode.GREEDY
+    cfg = DecodeConfig(mode=Mode(args.mode), temperature=0.0 if greedy else args.temperature,
+                       top_p=None if greedy else args.top_p, max_new_tokens=args.max_new_tokens)  # fmt: skip
+    stream = TextStreamer(tok, sys.stdout, sys.stderr if args.step_stats else None)
+    if not args.chat:
+        sys.stdout.write(args.prompt)
+    ids = tok.encode(text)
+    _, stats = run_bundle(
+        args.bundle, ids, provider=args.provider, observer=stream, config=cfg,
+        state=state_dir(args.bundle, args.state), generator=torch.Generator().manual_seed(args.seed),
+    )  # fmt: skip
     stream.finish()
-    print("# " + json.dumps({k: round(v, 4) for k, v in stats.summary().items()}))
+    if args.stats:
+        summary = {k: round(v, 4) for k, v in stats.summary().items()}
+        base, base_stats = target_only(args.bundle, ids, cfg, provider=args.provider,
+                                       generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+        summary["target_only_wall_s"] = round(base_stats.wall_s, 4)
+        summary["speedup_vs_target_only"] = round(base_stats.wall_s / max(stats.wall_s, 1e-9), 3)
+        print(json.dumps(summary), file=sys.stderr)
     return 0
 
 
@@ -235,104 +177,140 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_decode_flags(p: argparse.ArgumentParser) -> None:
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omnidraft_deploy.runtime.profile import profile_bundle
+    from omnidraft_deploy.state import state_dir
+
+    path = profile_bundle(
+        Path(args.bundle), state_dir(args.bundle, args.state), k_max=args.k_max, reps=args.reps,
+        threads=args.threads, progress=lambda r: tqdm(r, desc="profile", unit="round"),
+    )  # fmt: skip
+    print(f"{args.bundle}: cost profile written to {path}")
+    return 0
+
+
+def add_export_flags(p: argparse.ArgumentParser) -> None:
+    """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
     p.add_argument(
-        "--target", default=DEFAULT_TARGET, help="target preset (see `omnidraft presets`)"
+        "--target", help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET})"
     )
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
-    p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
-    p.add_argument("--temperature", type=float, default=1.0, help="for exact/omnidraft modes")
+    p.add_argument("--drafter", help=f"drafter preset (default: {DEFAULT_DRAFTER})")
+    p.add_argument("--backend", default="xnnpack", choices=backend_names(), help="graph format")
+    p.add_argument("--quantization", help="recipe; default: the backend's first (see below)")
+    p.add_argument("--out", help="bundle folder (default: bundles/<target>-<backend>)")
+    p.add_argument("--force", action="store_true", help="replace the bundle already at --out")
+    p.add_argument("--model", help="target weights: Hugging Face folder or .gguf file")
+    p.add_argument("--drafter-model", help="drafter weights: Hugging Face folder or .gguf file")
+    p.add_argument("--max-seq-len", type=int, default=512, help="KV-cache slots of both graphs")
+    p.add_argument("--draft-len", type=int, default=4, help="drafter proposals per step")
+    p.add_argument("--no-verify", action="store_true", help="skip reload + parity with eager")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="library warnings, tracebacks")  # fmt: skip
+    p.set_defaults(handler=_cmd_export)
+
+
+def utf8_text(text: str) -> str:
+    """A text argument that is valid UTF-8 (Python keeps undecodable argv bytes as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 (undecodable byte at character {e.start}); pass UTF-8 text"
+        ) from None
+    return text
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
+    p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
+    p.add_argument("--temperature", type=float, default=0.7, help="exact/omnidraft modes")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (exact/omnidraft)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--stats", action="store_true", help="stats + speedup vs target-only (stderr)")
+    p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
+
+
+def _verb(sub: Any, name: str, help: str, handler: Any, common: argparse.ArgumentParser) -> Any:
+    p = sub.add_parser(name, help=help, description=help, parents=[common], formatter_class=_Help)
+    p.set_defaults(handler=handler)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omnidraft", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="verb", required=True)
-    p = sub.add_parser("presets", help="list model presets")
+    common = argparse.ArgumentParser(add_help=False)  # -v after the verb too, never reset
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="library warnings, tracebacks")  # fmt: skip
+    parser = argparse.ArgumentParser(prog="omnidraft", description=__doc__.splitlines()[0],
+                                     formatter_class=_Help)  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help="library warnings, tracebacks")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = _verb(sub, "presets", "list model presets", cmd_presets, common)
     p.add_argument("--role", choices=[r.value for r in Role])
-    p.set_defaults(handler=_cmd_presets)
-    p = sub.add_parser("assets", help="fetch / list pinned offline assets (tokenizers, models)")
+    p = _verb(sub, "assets", "fetch / list pinned offline assets", cmd_assets, common)
     p.add_argument("action", choices=["fetch", "list"])
     p.add_argument("--models", action="store_true", help="also the real SmolLM2/Qwen2.5 GGUFs")
-    p.set_defaults(handler=_cmd_assets)
-    p = sub.add_parser("generate", help="speculative generation with eager models")
-    _add_decode_flags(p)
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p = _verb(sub, "generate", "speculative generation with eager models", cmd_generate, common)
+    add_decode_flags(p)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
     p.add_argument("--check", action="store_true", help="also run target-only and compare")
-    p.set_defaults(handler=_cmd_generate)
-    p = sub.add_parser(
-        "bench", help="target-only vs speculative on the prompt set; writes a report"
-    )
-    _add_decode_flags(p)
+    p = _verb(sub, "bench", "target-only vs speculative on the prompt set", cmd_bench, common)
+    add_decode_flags(p)
     p.add_argument("--out", default="reports")
-    p.add_argument(
-        "--lossless",
-        action="store_true",
-        help="instead: measure exact/omnidraft sampling bias against the exact law",
-    )
-    p.set_defaults(handler=_cmd_bench)
-    p = sub.add_parser("export", help="export a verified bundle (same as omnidraft-export)")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target preset")
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
-    p.add_argument("--backend", default=Backend.XNNPACK.value, choices=backend_names())
-    p.add_argument("--quantization", help=quantization_help())
-    p.add_argument("--out", help="bundle folder (default bundles/<target>-<backend>)")
-    p.add_argument("--model", help="target weights: HF folder or GGUF file (default: preset)")
-    p.add_argument("--drafter-model", help="drafter weights: HF folder or GGUF file")
-    p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-verify", action="store_true", help="skip reload + parity check")
-    p.set_defaults(handler=_cmd_export)
-    p = sub.add_parser("validate", help="validate bundles: eager vs runtime vs speculative")
+    p.add_argument("--lossless", action="store_true", help="measure sampling bias instead")
+    p = sub.add_parser("export", help="export a verified bundle (same as omnidraft-export)",
+                       epilog=EXPORT_EXAMPLES + quantization_help(), formatter_class=_Help)  # fmt: skip
+    add_export_flags(p)
+    p = _verb(sub, "validate", "check bundles against their recorded reference", _cmd_validate,
+              common)  # fmt: skip
     p.add_argument("bundles", nargs="+")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument(
-        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
-    )
-    p.set_defaults(handler=_cmd_validate)
-    p = sub.add_parser("run", help="generate from a bundle with the reference runtime")
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument("--state", help=STATE_HELP)
+    p = _verb(sub, "run", "generate from a bundle (streams text)", _cmd_run, common)
+    _add_run_flags(p)
+    p = _verb(sub, "profile", "measure per-call latency of a bundle's graphs (cost model)",
+              _cmd_profile, common)  # fmt: skip
     p.add_argument("bundle")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument(
-        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
-    )
-    p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
-    p.set_defaults(handler=_cmd_run)
-    p = sub.add_parser("adapt", help="adapt a bundle's drafter online to prompts, then publish it")
+    p.add_argument("--k-max", type=int, default=8, help="longest draft: verify widths 1..k+1")
+    p.add_argument("--reps", type=int, default=7, help="interleaved rounds (medians kept)")
+    p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
+    p.add_argument("--state", help=STATE_HELP)
+    p = _verb(sub, "adapt", "adapt a bundle's drafter online, then publish it", _cmd_adapt, common)
     p.add_argument("bundle")
     p.add_argument("--rounds", type=int, default=2, help="passes over the shipped prompt set")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, help="learning rate (default: AdaptConfig's, 1e-3)")
     p.add_argument("--steps-per-update", type=int, help="optimiser steps after each prompt (4)")
-    p.add_argument(
-        "--provider", choices=["cpu", "qnn"], help="default: qnn bundles on the QNN HTP, others CPU"
-    )
-    p.set_defaults(handler=_cmd_adapt)
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        return int(args.handler(args))
-    except (KeyError, ValueError, FileNotFoundError) as e:
-        print(f"omnidraft {args.verb}: error: {e}", file=sys.stderr)
-        return 2
+    prog = "omnidraft-export" if args.verb == "export" else f"omnidraft {args.verb}"
+    return run_verb(prog, lambda: int(args.handler(args)), verbose=args.verbose)
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """``omnidraft-export ...`` is ``omnidraft export ...``."""
-    return main(["export", *(sys.argv[1:] if argv is None else argv)])
+    """``omnidraft-export``: its own parser, so help and errors say ``omnidraft-export``."""
+    parser = argparse.ArgumentParser(
+        prog="omnidraft-export", formatter_class=_Help, epilog=EXPORT_EXAMPLES + quantization_help(),
+        description="Export a verified drafter + target bundle (graphs, tokenizers, vocabulary "
+        "map, n-gram cache, manifest).",
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_export_flags(parser)
+    args = parser.parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    return run_verb("omnidraft-export", lambda: _cmd_export(args), verbose=verbose)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,13 @@ the bundle, on the shipped prompt set; token-for-token equality per prompt, as a
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from omnidraft_deploy.runtime.bundle import (
     SESSION_CACHE,
     OpenBundle,
@@ -19,24 +22,33 @@ from omnidraft_deploy.runtime.bundle import (
     open_bundle,
 )
 
-from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.bundle_fs import read_listed
+from omnidraft_deploy.expected import EXPECTED_FILE, EXPECTED_ROLE
+from omnidraft_deploy.expected import from_bytes as expected_from_bytes
+from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, write_bytes_atomic
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
-from omnidraft_deploy.parity import eager_step, parity
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.parity import eager_step, parity, step_speed
+from omnidraft_deploy.presets import Source, get_preset
+from omnidraft_deploy.profile import load_profile
+from omnidraft_deploy.prompts import load_prompts
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     Observer,
     SpeculativeDecoder,
     generate_target_only,
 )
-from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
+from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
 __all__ = ["SESSION_CACHE"]  # re-exported: tests and the CLI import it from here
+MAX_EXPECTED_BYTES = 16 << 20
 
 
 def graph_parity(
@@ -62,13 +74,26 @@ def _eager_target(bundle: OpenBundle) -> EagerLM:
     )
 
 
-def _decoder(bundle: OpenBundle, max_new_tokens: int) -> SpeculativeDecoder:
-    """Greedy speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length."""
-    cfg = DecodeConfig(
-        max_new_tokens=max_new_tokens,
+def _decoder(
+    bundle: OpenBundle,
+    max_new_tokens: int,
+    config: DecodeConfig | None = None,
+    profile: CostProfile | None = None,
+) -> SpeculativeDecoder:
+    """Speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length;
+    greedy unless ``config`` (mode, temperature, ...) is given. With a measured cost ``profile``
+    (``omnidraft profile``): cost-aware drafting plus lookup drafts, chosen per step."""
+    cfg = dataclasses.replace(
+        config or DecodeConfig(max_new_tokens=max_new_tokens),
         vocab_limit=bundle.mapper.target_vocab_size,
         eos_ids=bundle.mapper.target_eos,
     )
+    if profile is not None:
+        return SpeculativeDecoder(
+            bundle.target, bundle.drafter, bundle.mapper,
+            CostAwareDraftLen(profile, 2 * bundle.manifest.draft_len), bundle.ngram_cache,
+            config=cfg, lookup=LookupProposer(), profile=profile,
+        )  # fmt: skip
     return SpeculativeDecoder(
         bundle.target,
         bundle.drafter,
@@ -79,23 +104,58 @@ def _decoder(bundle: OpenBundle, max_new_tokens: int) -> SpeculativeDecoder:
     )
 
 
+def _reference(
+    bundle: OpenBundle, prompts: list[tuple[str, list[int]]] | None, max_new_tokens: int
+) -> tuple[str, list[tuple[str, list[int], list[int]]], int]:
+    """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare).
+
+    ``expected.json`` (the eager target's output recorded at export) when the bundle has it;
+    otherwise the eager target rebuilt from its preset alone (random twin + seed, pinned GGUF,
+    pretrained: the graphs are not involved). Without ``expected.json``, a bundle of the user's
+    own weights is refused: no path in the manifest is ever loaded.
+    """
+    files = bundle.manifest.files
+    if EXPECTED_FILE in files:
+        raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
+                          max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
+        doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
+        n = min(max_new_tokens, int(doc["max_new_tokens"]))
+        rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
+        return "expected.json (eager fp32 target, recorded at export)", rows, n
+    # bundles written by export_bundle / export_pair directly (tests, benchmarks)
+    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
+    if extras.get("target_model") is not None or get_preset(info.preset).source is Source.HF:
+        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against, "
+                          "and the target's weights are not the preset's own: export it again")  # fmt: skip
+    if prompts is None:
+        tok = load_bundle_tokenizer(bundle.root, "target", files)
+        prompts = [(p.task, tok.encode(p.text)) for p in load_prompts()]
+    eager = _eager_target(bundle)
+    cfg = _decoder(bundle, max_new_tokens).cfg
+    rows = [(task, ids, generate_target_only(eager, ids, cfg)[0]) for task, ids in prompts]
+    return f"eager {info.preset} rebuilt from its preset", rows, max_new_tokens
+
+
 def validate_bundle(
     bundle_dir: str | Path,
-    prompts: list[tuple[str, list[int]]],
+    prompts: list[tuple[str, list[int]]] | None = None,
     *,
     max_new_tokens: int = 24,
     provider: str | None = None,
+    progress: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
-    """Greedy equality: eager vs runtime target-only vs runtime speculative, per prompt."""
+    """Greedy, per prompt: runtime target-only == the independent reference (``_reference``),
+    and runtime speculative == runtime target-only. Reads the bundle only; writes nothing.
+
+    ``prompts`` matter only for bundles without ``expected.json``; ``progress`` wraps the loop.
+    """
     bundle = open_bundle(bundle_dir, provider=provider)
-    eager = _eager_target(bundle)
-    dec = _decoder(bundle, max_new_tokens)
-    cfg = dec.cfg
+    source, reference, n = _reference(bundle, prompts, max_new_tokens)
+    dec = _decoder(bundle, n)
     rows = []
-    for task, ids in prompts:
+    for task, ids, ref in progress(reference) if progress else reference:
         t0 = time.perf_counter()
-        ref, _ = generate_target_only(eager, ids, cfg)
-        rt, _ = generate_target_only(bundle.target, ids, cfg)
+        rt, _ = generate_target_only(bundle.target, ids, dec.cfg)
         spec, stats = dec.generate(ids)
         rows.append(
             {
@@ -110,14 +170,21 @@ def validate_bundle(
     exact = bundle.manifest.graphs["target"].quantization == "fp32"
     return {
         "bundle": str(bundle_dir),
+        "reference": source,
         "backend": bundle.manifest.backend,
         "provider": bundle.provider,
         "quantization": bundle.manifest.graphs["target"].quantization,
         "prompts": len(rows),
         "eager_equal": sum(r["eager_eq_runtime"] for r in rows),
         "speculative_equal": sum(r["spec_eq_runtime"] for r in rows),
-        "passed": all(r["spec_eq_runtime"] and (r["eager_eq_runtime"] or not exact) for r in rows),
+        "passed": bool(rows)
+        and all(r["spec_eq_runtime"] and (r["eager_eq_runtime"] or not exact) for r in rows),
         "rows": rows,
+        "speed": step_speed(  # the target's speed line, as export verification records it
+            bundle.target.forward,
+            verify_len=bundle.manifest.draft_len + 1,
+            max_seq_len=bundle.target.max_seq_len,
+        ),
     }
 
 
@@ -128,22 +195,39 @@ def run_bundle(
     max_new_tokens: int = 48,
     provider: str | None = None,
     observer: Observer | None = None,
+    state: Path | None = None,
+    config: DecodeConfig | None = None,
+    generator: torch.Generator | None = None,
 ) -> tuple[list[int], DecodeStats]:
-    """Speculative greedy generation from a bundle; the grown n-gram cache is saved atomically
-    next to the shipped one (``ngram_cache.session.bin``) so the next session starts warmer.
-    ``observer`` sees every verification step (``streaming.TextStreamer`` prints text as it comes).
+    """Speculative generation from a bundle (greedy unless ``config`` says otherwise; its
+    ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
+    (``omnidraft_deploy.state``) the n-gram cache grown by earlier sessions is loaded from it and
+    the grown one saved back atomically. ``observer`` sees every verification step
+    (``streaming.TextStreamer`` prints text as it comes).
     """
     bundle = open_bundle(bundle_dir, provider=provider)
-    session = Path(bundle_dir) / SESSION_CACHE
-    bundle.ngram_cache = load_session_cache(bundle.root, bundle.mapper, bundle.ngram_cache)
-    dec = _decoder(bundle, max_new_tokens)
-    out, stats = dec.generate(prompt_ids, observer=observer)
-    write_bytes_atomic(
-        session,
-        ngram_to_bytes(
-            bundle.ngram_cache,
-            draft_vocab_size=bundle.mapper.draft_vocab_size,
-            target_vocab_size=bundle.mapper.target_vocab_size,
-        ),
-    )
+    if state is not None:
+        bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
+    dec = _decoder(bundle, max_new_tokens, config, load_profile(state) if state else None)
+    out, stats = dec.generate(prompt_ids, observer=observer, generator=generator)
+    if state is not None:
+        write_bytes_atomic(
+            state / SESSION_CACHE,
+            ngram_to_bytes(
+                bundle.ngram_cache,
+                draft_vocab_size=bundle.mapper.draft_vocab_size,
+                target_vocab_size=bundle.mapper.target_vocab_size,
+            ),
+        )
     return out, stats
+
+
+def target_only(
+    bundle_dir: str | Path, prompt_ids: list[int], config: DecodeConfig, *,
+    provider: str | None = None, generator: torch.Generator | None = None,
+) -> tuple[list[int], DecodeStats]:  # fmt: skip
+    """The bundle's target alone (the baseline ``run --stats`` compares against)."""
+    bundle = open_bundle(bundle_dir, provider=provider)
+    cfg = dataclasses.replace(config, vocab_limit=bundle.mapper.target_vocab_size,
+                              eos_ids=bundle.mapper.target_eos)  # fmt: skip
+    return generate_target_only(bundle.target, prompt_ids, cfg, generator)

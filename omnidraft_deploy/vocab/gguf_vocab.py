@@ -112,9 +112,22 @@ def sentencepiece_model_bytes(v: GGUFVocab, *, add_dummy_prefix: bool = True) ->
 # tokenizer.ggml.pre -> list of tokenizers pre-tokenizer configs applied before byte-level BPE
 _GPT2_BYTELEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                    "use_regex": True}  # fmt: skip
+_BYTELEVEL_NO_REGEX = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                       "use_regex": False}  # fmt: skip
+
+
+def _split(digits: str) -> dict[str, Any]:
+    """The tiktoken-style split of Llama-3 / Qwen2 (``digits``: how digits are grouped)."""
+    regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|" + digits
+             + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+    return {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}
+
+
 _PRE_TOKENIZERS: dict[str, list[dict[str, Any]]] = {
     "gpt-2": [_GPT2_BYTELEVEL],
     "smollm": [{"type": "Digits", "individual_digits": True}, _GPT2_BYTELEVEL],
+    "qwen2": [_split(r"\p{N}"), _BYTELEVEL_NO_REGEX],  # input NFC-normalised (below)
+    "llama-bpe": [_split(r"\p{N}{1,3}"), _BYTELEVEL_NO_REGEX],  # merges ignored (below)
 }
 
 
@@ -137,14 +150,14 @@ def bpe_tokenizer_json(v: GGUFVocab) -> dict[str, Any]:
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
+        "normalizer": {"type": "NFC"} if v.pre == "qwen2" else None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": _PRE_TOKENIZERS[v.pre]},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                     "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
-                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": v.pre == "llama-bpe",
                   "vocab": {t: i for i, t in enumerate(v.tokens)},
                   "merges": [m.split(" ", 1) for m in v.merges]},
     }  # fmt: skip

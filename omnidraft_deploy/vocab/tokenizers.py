@@ -95,7 +95,10 @@ class SentencePieceTokenizer(_SpecialTokens):
 
     def files(self) -> dict[str, bytes]:
         """The files a device needs to rebuild this tokenizer (shipped in bundles)."""
-        return {"tokenizer.model": self._sp.serialized_model_proto()}
+        files = {"tokenizer.model": self._sp.serialized_model_proto()}
+        if self._sp_raw is not None:  # HF legacy=false: the model without the dummy prefix
+            files["tokenizer-no-dummy-prefix.model"] = self._sp_raw.serialized_model_proto()
+        return files
 
     def __init__(self, name: str, model: bytes, *, hf_prefix: bytes | None = None) -> None:
         spm = gv.require("sentencepiece")

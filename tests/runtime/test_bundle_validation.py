@@ -73,9 +73,10 @@ def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> No
     shutil.copytree(bundle, copy)
     ids = _prompts(copy)[0][1]
     provider = "qnn" if read_manifest(copy).backend == "qnn" else "cpu"
-    first, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider)
-    assert (copy / SESSION_CACHE).is_file()
-    second, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider)
+    state = tmp_path / "state"  # session files never go into the bundle (issue 14)
+    first, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
+    assert (state / SESSION_CACHE).is_file() and not (copy / SESSION_CACHE).exists()
+    second, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
     assert first == second
 
 
@@ -91,10 +92,10 @@ def test_cli_run_streams_text_and_step_stats(
     provider = "qnn" if manifest.backend == "qnn" else "cpu"
     prompt = "def add(a, b):"
     args = ["run", str(copy), "--prompt", prompt, "--max-new-tokens", "6", "--step-stats"]
+    args += ["--stats", "--state", str(tmp_path / "state")]
     assert main([*args, "--provider", provider]) == 0
-    out, err = capsys.readouterr()
-    text, summary = out.rsplit("# ", 1)
-    stats = json.loads(summary)
+    text, err = capsys.readouterr()  # stats go to stderr, the text alone to stdout
+    stats = json.loads(err.strip().splitlines()[-1])
     assert text.startswith(prompt) and stats["n_generated"] == 6
     assert err.count("[step ") == stats["target_calls"] - 1  # the prefill call commits nothing
     tok = load_tokenizer(manifest.graphs["target"].tokenizer)

@@ -1,0 +1,96 @@
+"""A bundle's tokenizers travel with it: written at export, read back by ``run`` and ``validate``.
+
+``<role>_tokenizer/`` holds the tokenizer's own file (``tokenizer.json`` for byte-level BPE,
+``tokenizer.model`` for SentencePiece, plus ``tokenizer-no-dummy-prefix.model`` for Hugging Face's
+``legacy=false`` whitespace handling), ``special_tokens.json`` (``{"name", "bos_id",
+"eos_ids"}``) and, when the model has one, ``chat_template.jinja`` (its own chat template, as
+ONNX Runtime GenAI ships it). Every file is listed in the manifest with role
+``<role>_tokenizer`` and read through ``bundle_fs.read_listed`` (size and sha256 checked), so a
+bundle copied to another machine decodes exactly as it did where it was exported, with no
+tokenizer registry or asset cache involved.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnidraft_deploy.protocols import TokenizerLike
+
+if TYPE_CHECKING:
+    from omnidraft_deploy.manifest import FileEntry
+
+SPECIAL, TEMPLATE = "special_tokens.json", "chat_template.jinja"
+JSON, SPM, SPM_RAW = "tokenizer.json", "tokenizer.model", "tokenizer-no-dummy-prefix.model"
+MAX_TOKENIZER_BYTES = 64 << 20
+
+
+def tokenizer_files(tok: Any) -> dict[str, bytes]:
+    """File name -> bytes for ``<role>_tokenizer/`` (module docstring)."""
+    files: dict[str, bytes] = dict(tok.files())
+    special = {"name": tok.name, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids)}
+    files[SPECIAL] = (json.dumps(special, indent=1) + "\n").encode()
+    template = getattr(tok, "chat_template", None)
+    if template:
+        files[TEMPLATE] = template.encode("utf-8")
+    return files
+
+
+def load_bundle_tokenizer(root: Path, role: str, files: dict[str, FileEntry]) -> TokenizerLike:
+    """The ``role`` tokenizer of the bundle at ``root`` (``files``: the manifest's listing)."""
+    from omnidraft_deploy.bundle_fs import read_listed
+    from omnidraft_deploy.manifest import BundleError
+    from omnidraft_deploy.vocab import gguf_vocab as gv
+    from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
+
+    folder, kind = f"{role}_tokenizer", f"{role}_tokenizer"
+
+    def read(name: str) -> bytes | None:
+        rel = f"{folder}/{name}"
+        if rel not in files:
+            return None
+        return read_listed(root, rel, files, role=kind, max_bytes=MAX_TOKENIZER_BYTES)
+
+    raw = read(SPECIAL)
+    try:
+        special = json.loads(raw) if raw else {}
+        bos, eos = special.get("bos_id"), tuple(int(i) for i in special.get("eos_ids", ()))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise BundleError(root / folder / SPECIAL, f"not a special-tokens file ({e})") from None
+    name = str(special.get("name", role))
+    tok: Any
+    if (data := read(JSON)) is not None:
+        inner = gv.require("tokenizers").Tokenizer.from_str(data.decode("utf-8"))
+        tok = BPETokenizer(name, inner, bos_id=bos, eos_ids=eos)
+    elif (data := read(SPM)) is not None:
+        tok = SentencePieceTokenizer(name, data, hf_prefix=read(SPM_RAW))
+    else:
+        raise BundleError(root / folder, f"no {JSON} or {SPM} listed in the manifest")
+    template = read(TEMPLATE)
+    tok.chat_template = template.decode("utf-8") if template else None
+    return tok  # type: ignore[no-any-return]
+
+
+def render_chat(template: str | None, user_text: str) -> str:
+    """One user turn rendered with the model's own chat template, ready for the assistant's
+    reply (``add_generation_prompt``), in a Jinja sandbox; ``ValueError`` without a template."""
+    if not template:
+        raise ValueError("--chat: this bundle's target has no chat template (a base model?)")
+    from omnidraft_deploy import optional
+
+    jinja2 = optional.require("jinja2", extra="tokenizers", purpose="rendering chat templates")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return str(env.from_string(template).render(
+            messages=[{"role": "user", "content": user_text}], add_generation_prompt=True,
+            bos_token="", eos_token="",
+        ))  # fmt: skip
+    except (jinja2.TemplateError, TypeError) as e:
+        raise ValueError(f"--chat: the chat template does not render ({e})") from None

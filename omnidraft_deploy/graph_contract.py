@@ -125,18 +125,21 @@ class ExplicitCacheGraph:
         self._binding = self.session.io_binding()
         for i, value in enumerate(self._values):
             self._binding.bind_ortvalue_input(cache_in(i), value)
-
-    def _bind_outputs(self) -> None:
-        """Outputs in contract order (they come back in binding order); T-shaped ones are
-        bound to ``cpu`` afresh each call (ORT reuses a bound buffer, whose T would be stale)."""
-        b = self._binding
-        b.clear_binding_outputs()
-        b.bind_output(LOGITS, "cpu")
+        self._binding.bind_output(LOGITS, "cpu")  # outputs come back in binding order
         for i, value in enumerate(self._values):
             if self.cache_io is CacheIO.SHARED:
-                b.bind_ortvalue_output(cache_present(i), value)
+                self._binding.bind_ortvalue_output(cache_present(i), value)  # written in place
             else:
-                b.bind_output(cache_chunk_out(i), "cpu")
+                self._binding.bind_output(cache_chunk_out(i), "cpu")
+
+    def _rebind_t_shaped(self) -> None:
+        """Outputs whose shape follows T are bound to ``cpu`` afresh each call (ORT keeps the
+        buffer it allocated for a bound output, whose T would be stale); rebinding a name keeps
+        its place in the output order."""
+        self._binding.bind_output(LOGITS, "cpu")
+        if self.cache_io is CacheIO.CHUNK:
+            for i in range(len(self._values)):
+                self._binding.bind_output(cache_chunk_out(i), "cpu")
 
     @property
     def caches(self) -> tuple[np.ndarray, ...]:
@@ -151,7 +154,7 @@ class ExplicitCacheGraph:
         b = self._binding
         b.bind_cpu_input(TOKEN_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(INPUT_POS, np.ascontiguousarray(pos, dtype=np.int64))
-        self._bind_outputs()
+        self._rebind_t_shaped()
         self.session.run_with_iobinding(b)
         logits, *new = b.get_outputs()
         if self.cache_io is CacheIO.CHUNK:

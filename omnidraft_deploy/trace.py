@@ -74,7 +74,7 @@ class TraceLM:
         ]
         if self.role == "drafter":  # the drafter reads the last row only (see module docstring)
             out[:-1] = float("nan")
-            rows = [None] * (len(rows) - 1) + rows[-1:]
+            rows = [None if i < len(rows) - 1 else row for i, row in enumerate(rows)]
         self.calls.append(
             {"role": self.role, "ids": token_ids.tolist(), "start": start_pos, "rows": rows}
         )

@@ -142,8 +142,8 @@ def _python_bundle(root: Path) -> Path:
     files = {
         rel: file_entry(root, rel, role)
         for rel, role in [
-            ("drafter.pte", "drafter"),
-            ("target.pte", "target"),
+            ("drafter.pte", "drafter_graph"),
+            ("target.pte", "target_graph"),
             ("ngram_cache.bin", "ngram_cache"),
         ]
     }

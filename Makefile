@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BUNDLES ?= bundles
 
-.PHONY: venv assets demo demo-backends test lint slow clean
+.PHONY: venv assets java-deps demo demo-backends test lint slow clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +57,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: assets lint
+# The Android demo's plain-Java tests need javac 17 (present) and Debian's junit4: installed here
+# when we are root with apt-get, else those tests skip with the install command.
+java-deps:
+	@[ -f /usr/share/java/junit4.jar ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get update -qq && apt-get install -y -qq junit4 >/dev/null); } \
+	  || echo "junit4 unavailable: the Android Java tests will skip (apt-get install -y junit4)"
+
+test: assets lint java-deps
 	$(BIN)/pytest
 
 slow: assets

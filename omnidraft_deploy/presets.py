@@ -42,6 +42,22 @@ class Source(StrEnum):
 
 
 @dataclass(frozen=True)
+class SeqKD:
+    """Sequence-level distillation (Kim & Rush 2016, arXiv:1606.07947) for a ``pretrain`` drafter:
+    ``teacher``'s greedy continuations of corpus prompts join the drafter's training text, so the
+    drafter learns what the target says (greedy speculative decoding accepts exactly that)."""
+
+    teacher: str  # a pretrain-source target preset (trained first when not cached)
+    prompts: int = 800  # corpus prompts continued by the teacher
+    new_tokens: int = 48  # greedy teacher tokens per prompt (fewer at EOS)
+    frac: float = 0.5  # share of training steps drawn from the teacher's text
+
+    def __post_init__(self) -> None:
+        if self.prompts < 1 or self.new_tokens < 1 or not 0 < self.frac <= 1:
+            raise ValueError(f"bad sequence-level KD settings {self}")
+
+
+@dataclass(frozen=True)
 class PretrainSchedule:
     """How ``distill.pretrain`` trains a ``pretrain``-source preset (one torch thread, CPU)."""
 
@@ -50,6 +66,7 @@ class PretrainSchedule:
     warmup: int = 50
     seq_len: int = 128  # packed training window (tokens)
     seed: int = 0
+    kd: SeqKD | None = None  # distil from a target's generations as well (drafters)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.lr <= 0 or self.seq_len < 2 or self.warmup < 0:
@@ -320,12 +337,13 @@ _REAL_SMALL: tuple[ModelSpec, ...] = (
 
 
 def _trained(name: str, role: Role, family: Family, tokenizer: str, vocab: int, *,
-             small: bool, rope: float, steps: int, seed: int) -> ModelSpec:  # fmt: skip
+             small: bool, rope: float, steps: int, seed: int,
+             kd: SeqKD | None = None) -> ModelSpec:  # fmt: skip
     """A ``distill.pretrain`` model: drafter 2 x 128 (4.5M params), target 4 x 192 (GQA)."""
     dims = (128, 2, 4, 4, 384) if small else (192, 4, 4, 2, 512)
     return ModelSpec(name, role, family, tokenizer, vocab, *dims, rope_theta=rope,
                      tie_embeddings=True, max_seq_len=1024, source=Source.PRETRAIN,
-                     pretrain=PretrainSchedule(steps=steps, seed=seed))  # fmt: skip
+                     pretrain=PretrainSchedule(steps=steps, seed=seed, kd=kd))  # fmt: skip
 
 
 # Trained here on the offline corpus (distill.data), one torch thread on an idle 2-core machine:
@@ -336,6 +354,9 @@ _TRAINED: tuple[ModelSpec, ...] = (
              small=True, rope=1e4, steps=2000, seed=0),
     _trained("trained-llama3-demo", Role.TARGET, Family.LLAMA, "llama3", 128256,
              small=False, rope=5e5, steps=2000, seed=1),
+    # make demo's drafter: the drafter above, also taught the demo target's own greedy text
+    _trained("trained-llama2-demo", Role.DRAFTER, Family.LLAMA, "llama2", 32000,
+             small=True, rope=1e4, steps=2000, seed=0, kd=SeqKD("trained-llama3-demo")),
     _trained("trained-llama3-target", Role.TARGET, Family.LLAMA, "llama3", 128256,
              small=False, rope=5e5, steps=5000, seed=1),
     _trained("trained-qwen2-target", Role.TARGET, Family.QWEN2, "qwen2", 152064,

@@ -14,8 +14,14 @@ id's logit is the mean of those rare tokens' logits. Greedy decoding then never 
 unless a rare one is already the argmax; the softmax mass that lands on unused ids is reported by
 ``unused_mass`` (top-k distillation renormalises over the mapped top-k and is unaffected).
 
+Sequence-level KD (``PretrainSchedule.kd``, ``distill.seqkd``): a drafter may also learn its
+target's greedy continuations of corpus prompts (a share ``kd.frac`` of its steps); the target is
+trained first when not cached, and its cache file name enters the drafter's key.
+
 Cache: ``<cache_root>/pretrained/<name>-<key>.safetensors`` holding the compact model and
-``used_ids``; ``key`` = sha256 of the config and of the corpus texts (``data.corpus_hash``).
+``used_ids``; ``key`` = sha256 of the config and of the corpus texts (``data.corpus_hash``), plus
+the KD settings and the teacher's cache file name for a distilled drafter. A ``.json`` beside it
+records the time of each phase (``kd_generate_s``, ``train_s``).
 """
 
 from __future__ import annotations
@@ -29,14 +35,18 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, corpus_hash, split
-from omnidraft_deploy.presets import Family, ModelSpec, PretrainSchedule, Role, Source
+from omnidraft_deploy.presets import Family, ModelSpec, PretrainSchedule, Role, SeqKD, Source
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, build_model
+
+if TYPE_CHECKING:
+    from omnidraft_deploy.distill.seqkd import TextTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +71,8 @@ class PretrainConfig:
     seed: int = 0
     tasks: tuple[str, ...] = TASKS
     data: DataConfig = field(default_factory=DataConfig)
+    # not in repr: a plain model's cache key stays as it was; _cache_file adds it when set
+    kd: SeqKD | None = field(default=None, repr=False)
 
     def spec(self, vocab_size: int | None = None) -> ModelSpec:
         return ModelSpec(
@@ -78,7 +90,9 @@ class PretrainConfig:
             tie_embeddings=True,
             max_seq_len=1024,
             source=Source.PRETRAIN,
-            pretrain=PretrainSchedule(self.steps, self.lr, self.warmup, self.seq_len, self.seed),
+            pretrain=PretrainSchedule(
+                self.steps, self.lr, self.warmup, self.seq_len, self.seed, kd=self.kd
+            ),
         )
 
 
@@ -92,6 +106,7 @@ def pretrain_config(spec: ModelSpec) -> PretrainConfig:
         n_layers=spec.n_layers, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
         intermediate_size=spec.intermediate_size, rope_theta=spec.rope_theta,
         seq_len=sched.seq_len, steps=sched.steps, lr=sched.lr, warmup=sched.warmup, seed=sched.seed,
+        kd=sched.kd,
     )  # fmt: skip
 
 
@@ -115,7 +130,8 @@ def _lr_at(step: int, cfg: PretrainConfig) -> float:
 
 
 def train_compact(cfg: PretrainConfig, streams: dict[str, Tensor]) -> Transformer:
-    """Train on compact-id streams (task sampled uniformly per step, random windows)."""
+    """Train on compact-id streams (task sampled uniformly per step, random windows); with KD the
+    ``"kd"`` stream (teacher text) is drawn with probability ``cfg.kd.frac`` instead."""
     vocab = int(max(int(s.max()) for s in streams.values())) + 1
     model = build_model(cfg.spec(vocab), seed=cfg.seed, max_seq_len=cfg.seq_len + 1).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -123,7 +139,8 @@ def train_compact(cfg: PretrainConfig, streams: dict[str, Tensor]) -> Transforme
     tasks = [t for t in cfg.tasks if len(streams[t]) > cfg.seq_len + 1]
     ema = None
     for step in (bar := tqdm(range(cfg.steps), desc=f"pretrain {cfg.name}", mininterval=5)):
-        s = streams[rng.choice(tasks)]
+        kd = cfg.kd is not None and rng.random() < cfg.kd.frac
+        s = streams["kd"] if kd else streams[rng.choice(tasks)]
         start = rng.randrange(len(s) - cfg.seq_len - 1)
         window = s[start : start + cfg.seq_len + 1].unsqueeze(0)
         for g in opt.param_groups:
@@ -134,7 +151,8 @@ def train_compact(cfg: PretrainConfig, streams: dict[str, Tensor]) -> Transforme
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        ema = float(loss) if ema is None else 0.98 * ema + 0.02 * float(loss)
+        value = float(loss.detach())
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
         bar.set_postfix(loss=f"{ema:.3f}")
     return model.eval()
 
@@ -174,9 +192,24 @@ def expand_vocab(
     return full.eval()
 
 
-def _cache_file(cfg: PretrainConfig, data_hash: str, cache_dir: Path) -> Path:
-    key = hashlib.sha256((repr(cfg) + data_hash).encode()).hexdigest()[:16]
+def _cache_file(cfg: PretrainConfig, train_docs: dict[str, list[str]], cache_dir: Path) -> Path:
+    material = repr(cfg) + corpus_hash(train_docs)
+    if cfg.kd is not None:  # the teacher's own file name: a retrained teacher retrains this too
+        material += repr(cfg.kd) + _cache_file(_teacher_config(cfg), train_docs, cache_dir).name
+    key = hashlib.sha256(material.encode()).hexdigest()[:16]
     return cache_dir / "pretrained" / f"{cfg.name}-{key}.safetensors"
+
+
+def _teacher_config(cfg: PretrainConfig) -> PretrainConfig:
+    from omnidraft_deploy.presets import get_preset  # noqa: PLC0415
+
+    assert cfg.kd is not None
+    teacher = pretrain_config(get_preset(cfg.kd.teacher))
+    if teacher.data != cfg.data:
+        raise ValueError(
+            f"{cfg.name}: teacher {teacher.name} learns another corpus ({teacher.data})"
+        )
+    return teacher
 
 
 def _compact_streams(streams: dict[str, list[int]]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
@@ -199,27 +232,38 @@ def load_pretrained(
 
     Callers go through ``reference.load.load_model``, the one loader.
     """
+    from omnidraft_deploy.assets import cache_root  # noqa: PLC0415
+
+    cfg = pretrain_config(spec)
+    train_docs, _ = split(build_corpus(cfg.data), cfg.data.heldout_frac)
+    compact, used, counts = compact_model(
+        cfg, train_docs, Path(cache_dir or cache_root()), train_if_missing=train_if_missing
+    )
+    return expand_vocab(compact, used, cfg, counts, max_seq_len)
+
+
+def compact_model(
+    cfg: PretrainConfig,
+    train_docs: dict[str, list[str]],
+    cache_dir: Path,
+    *,
+    train_if_missing: bool = True,
+) -> tuple[Transformer, Tensor, Tensor]:
+    """(compact model, used_ids (n,), counts (n,)) from the cache, or trained and cached now."""
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
 
-    from omnidraft_deploy.assets import cache_root  # noqa: PLC0415
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer  # noqa: PLC0415
-
-    cfg, name = pretrain_config(spec), spec.name
-    train_docs, _ = split(build_corpus(cfg.data), cfg.data.heldout_frac)
-    path = _cache_file(cfg, corpus_hash(train_docs), Path(cache_dir or cache_root()))
+    path = _cache_file(cfg, train_docs, cache_dir)
     if path.is_file():
         tensors = load_file(str(path))
         used, counts = tensors.pop("__used_ids__"), tensors.pop("__counts__")
         compact = Transformer(ModelArgs.from_spec(cfg.spec(len(used)), cfg.seq_len + 1))
         compact.load_state_dict(tensors, strict=False)
-        return expand_vocab(compact.eval(), used, cfg, counts, max_seq_len)
+        return compact.eval(), used, counts
     if not train_if_missing:
-        raise FileNotFoundError(f"{path}: no cached pre-trained {name}; call with train_if_missing")
-    t0 = time.perf_counter()
-    streams = tokenize_corpus(load_tokenizer(cfg.tokenizer), train_docs)
-    compact_streams, used, counts = _compact_streams(streams)
-    log.info("%s: %d tokens, %d distinct ids", name, sum(map(len, streams.values())), len(used))
-    compact = train_compact(cfg, compact_streams)
+        raise FileNotFoundError(
+            f"{path}: no cached pre-trained {cfg.name}; call with train_if_missing"
+        )
+    compact, used, counts, meta = _train(cfg, train_docs, cache_dir)
     state = {
         k: v.contiguous()
         for k, v in compact.state_dict().items()
@@ -230,9 +274,58 @@ def load_pretrained(
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(tmp), metadata={"config": repr(cfg)})
     tmp.replace(path)
-    meta = {"config": repr(cfg), "n_used": len(used), "train_s": time.perf_counter() - t0}
     path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    return expand_vocab(compact, used, cfg, counts, max_seq_len)
+    return compact, used, counts
+
+
+def _train(
+    cfg: PretrainConfig, train_docs: dict[str, list[str]], cache_dir: Path
+) -> tuple[Transformer, Tensor, Tensor, dict[str, object]]:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer  # noqa: PLC0415
+
+    tok = load_tokenizer(cfg.tokenizer)
+    meta: dict[str, object] = {"config": repr(cfg), "kd": repr(cfg.kd)}
+    streams = tokenize_corpus(tok, train_docs)
+    if cfg.kd is not None:
+        streams["kd"] = _kd_stream(cfg, tok, train_docs, cache_dir, meta)
+    compact_streams, used, counts = _compact_streams(streams)
+    log.info("%s: %d tokens, %d distinct ids", cfg.name, sum(map(len, streams.values())), len(used))
+    t0 = time.perf_counter()
+    compact = train_compact(cfg, compact_streams)
+    meta.update(n_used=len(used), train_s=round(time.perf_counter() - t0, 1))
+    log.info("%s: trained %d steps in %.0f s", cfg.name, cfg.steps, meta["train_s"])
+    return compact, used, counts, meta
+
+
+def _kd_stream(
+    cfg: PretrainConfig,
+    tok: TextTokenizer,
+    train_docs: dict[str, list[str]],
+    cache_dir: Path,
+    meta: dict[str, object],
+) -> list[int]:
+    """The drafter-token stream of the teacher's continuations (``distill.seqkd``)."""
+    from omnidraft_deploy.distill.seqkd import (  # noqa: PLC0415
+        corpus_prompts,
+        kd_stream,
+        teacher_texts,
+    )
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer  # noqa: PLC0415
+
+    assert cfg.kd is not None
+    tcfg = _teacher_config(cfg)
+    teacher, used, _ = compact_model(tcfg, train_docs, cache_dir)  # trained first if missing
+    t0 = time.perf_counter()
+    ttok = load_tokenizer(tcfg.tokenizer)
+    prompts = corpus_prompts(train_docs, ttok, cfg.kd.prompts, seed=cfg.seed)
+    texts = teacher_texts(teacher, used, ttok, prompts, cfg.kd.new_tokens)
+    ids = kd_stream(texts, tok)
+    meta.update(
+        kd_texts=len(texts), kd_tokens=len(ids), kd_generate_s=round(time.perf_counter() - t0, 1)
+    )
+    log.info("%s: %d teacher texts (%d tokens) from %s in %.0f s", cfg.name, len(texts), len(ids),
+             tcfg.name, meta["kd_generate_s"])  # fmt: skip
+    return ids
 
 
 def cfg_tied(model: Transformer) -> bool:

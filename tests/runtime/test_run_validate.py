@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime")
 PAIRS = [
     pytest.param(("tiny-llama3-8b", "tiny-llama-68m"), id="tiny"),
     pytest.param(
-        ("trained-llama3-demo", "trained-llama2-drafter"), id="trained", marks=pytest.mark.slow
+        ("trained-llama3-demo", "trained-llama2-demo"), id="trained", marks=pytest.mark.slow
     ),
 ]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.speculative.cost import CostProfile, predicted_times
+from omnidraft_deploy.speculative.cost import CostProfile, cost_terms, predicted_times
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
 from omnidraft_deploy.speculative.hybrid import HybridProposer
@@ -74,30 +74,73 @@ def early_exit_ready(source: str) -> bool:
     return distilled_path(get_preset(name), Path(cache_root())).is_file()
 
 
+def with_accuracy_level(src: Path, dst: Path, level: int) -> None:
+    """Copy of the graph ``src`` whose ``MatMulNBits`` nodes compute at ``accuracy_level`` ``level``
+    (0/1: fp32 activations, 4: int8 activations; the exporter writes 4)."""
+    import onnx
+
+    proto = onnx.load(str(src))
+    for node in proto.graph.node:
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", level)])
+    onnx.save(proto, str(dst))
+
+
 def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
                  root: Path = ROOT) -> tuple[Path, Any, dict[str, Any]]:  # fmt: skip
-    """Export (cached) and verify one graph: (path, GraphInfo, parity)."""
+    """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: an ONNX recipe
+    name, or ``<recipe>-acc<n>`` for that graph with ``MatMulNBits`` at accuracy level ``n``.
+    A cached graph is reused with its parity and ``GraphInfo`` (no eager model is loaded)."""
+    from omnidraft_deploy.exporters.quantize import get_recipe
+
+    from omnidraft_deploy.manifest import GraphInfo
+
+    out = root / f"{source.replace(':', '-')}-{quant}"
+    recipe = get_recipe("onnx", quant.partition("-acc")[0])
+    parity_file, info_file = out / "parity.json", out / "info.json"
+    if parity_file.is_file() and not info_file.is_file():  # cached before info.json was kept
+        info_file.write_text(_graph_info_json(out / f"{role}.onnx"))
+    if not (parity_file.is_file() and info_file.is_file()):
+        info = _export_and_verify(source, role, quant, out, max_seq_len)
+        info_file.write_text(json.dumps(dataclasses.asdict(info), indent=1))
+    info = GraphInfo(**json.loads(info_file.read_text()))
+    parity = json.loads(parity_file.read_text())
+    if parity["top1_agreement"] < recipe.min_top1:
+        raise ValueError(f"{out}: top-1 agreement {parity['top1_agreement']} < {recipe.min_top1}")
+    return out / info.file, info, parity
+
+
+def _graph_info_json(path: Path) -> str:
+    """The ``GraphInfo`` the exporter wrote into the graph's ``metadata_props``."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props}["omnidraft.graph_info"]
+
+
+def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_len: int) -> Any:
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
 
     spec, model = _eager(source, max_seq_len)
-    out = root / f"{source.replace(':', '-')}-{quant}"
-    recipe = get_recipe("onnx", quant)
-    info = graph_info(model, spec, file=f"{role}.onnx", quantization=quant, seq_len=None)
+    base, _, level = quant.partition("-acc")
+    recipe = get_recipe("onnx", base)
+    info = graph_info(model, spec, file=f"{role}.onnx", quantization=base, seq_len=None)
     parity_file = out / "parity.json"
     if not parity_file.is_file():
         out.mkdir(parents=True, exist_ok=True)
         info, _ = get_exporter("onnx")(model, spec, out, role=role, recipe=recipe, draft_len=4,
                                        eos_ids=())  # fmt: skip
+        if level:
+            with_accuracy_level(out / info.file, out / info.file, int(level))
         top1 = dataclasses.replace(recipe, tolerance=float("inf"))
         parity = verify_artifact(out / info.file, info, model, top1)
         parity_file.write_text(json.dumps(parity, indent=1))
-    parity = json.loads(parity_file.read_text())
-    if parity["top1_agreement"] < recipe.min_top1:
-        raise ValueError(f"{out}: top-1 agreement {parity['top1_agreement']} < {recipe.min_top1}")
-    return out / info.file, info, parity
+    return info
 
 
 def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
@@ -124,7 +167,9 @@ def _traced(dec: SpeculativeDecoder, profile: CostProfile) -> Any:
             trace = dec.drafter.trace
             base, spec = predicted_times(profile, trace, len(ids))
             sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
-            traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources}
+            terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace).items()}
+            traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources,
+                            **terms}  # fmt: skip
         return out, st.wall_s, traced
 
     return run

@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/real_pair.py run --tasks code        # one timed chunk (quiet machine)
     .venv/bin/python benchmarks/real_pair.py report                  # chunks -> reports/real_pair.*
 
-``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the int8 ORT graphs
-(``benchmarks/ort_pair.py``; sessions with explicit intra-op threads, no spinning), measures the
+``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the ORT graphs
+(``benchmarks/ort_pair.py``; sessions with explicit intra-op threads, no spinning; the target is
+the fp32 fused graph by default, the one whose argmax does not depend on the call's width,
+``benchmarks/batch_invariance.py``; drafters int8, whose numerics only move speed), measures the
 cost profile (``omnidraft_deploy.profile.measure``: interleaved repeats, medians) and saves it to
 ``.bench/real_pair/cost_profile.json``, from where the decoders load it; then times every method on
 the task's 6 prompts (``omnidraft_deploy/data/real_pair_prompts.json``) x ``--max-new-tokens``,
@@ -45,11 +47,12 @@ def _prompts(tok: Any, tasks: set[str]) -> list[tuple[str, list[int]]]:
     return [(p["task"], tok.encode(p["text"])) for p in raw if p["task"] in tasks]
 
 
-def _load(threads: int, drafters: list[str]) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+def _load(a: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
+    threads, drafters = a.threads, a.drafters.split(",")
     target_tok = load_tokenizer("qwen2")
-    path, info, parity = op.verify_graph(op.TARGET, "target", "int8")
+    path, info, parity = op.verify_graph(op.TARGET, "target", a.target_quant)
     target = op.ort_graph(path, info, threads)
     lms, facts = {}, {"target": parity}
     for name in drafters:
@@ -57,7 +60,7 @@ def _load(threads: int, drafters: list[str]) -> tuple[Any, Any, dict[str, Any], 
         if not op.early_exit_ready(source):
             log.warning("%s: distilled weights not cached yet; row skipped", name)
             continue
-        path, info, parity = op.verify_graph(source, "drafter", "int8")
+        path, info, parity = op.verify_graph(source, "drafter", a.drafter_quant)
         mapper, _ = op.mapper_for(tok, target_tok)
         lms[name], facts[name] = (op.ort_graph(path, info, threads), mapper), parity
     return target, target_tok, lms, facts
@@ -87,7 +90,7 @@ def cmd_run(a: argparse.Namespace) -> None:
 
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    target, tok, lms, parity = _load(a.threads, a.drafters.split(","))
+    target, tok, lms, parity = _load(a)
     cfg = rp.DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
                           vocab_limit=next(iter(lms.values()))[1].target_vocab_size)  # fmt: skip
     profiles = measure(target, {n: lm for n, (lm, _) in lms.items()}, k_max=a.k_max, reps=a.reps)
@@ -112,7 +115,8 @@ def cmd_run(a: argparse.Namespace) -> None:
     prompts = _prompts(tok, set(a.tasks.split(",")))
     load_s = time.perf_counter() - t0
     res = rp.run_side_by_side(methods, prompts, repeats=a.repeats, warmup=True)
-    meta = {"tasks": a.tasks, "threads": a.threads, "max_new_tokens": a.max_new_tokens,
+    meta = {"tasks": a.tasks, "threads": a.threads, "target_quant": a.target_quant,
+            "drafter_quant": a.drafter_quant, "max_new_tokens": a.max_new_tokens,
             "repeats": a.repeats, "load_s": round(load_s, 1), "load_avg_start": load0,
             "load_avg_end": os.getloadavg(), "utc_end": time.strftime("%H:%M:%S", time.gmtime()),
             "command": " ".join(sys.argv), "graph_parity": parity}  # fmt: skip
@@ -147,7 +151,7 @@ def _hf_methods(cfg: Any, threads: int) -> dict[str, Any]:
 
 
 def cmd_prepare(a: argparse.Namespace) -> None:
-    _load(a.threads, a.drafters.split(","))
+    _load(a)
     if a.genai:
         sys.path.insert(0, str(Path(__file__).parent))
         from runtime_speed import build_genai
@@ -162,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(verb)
         p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (cores)")
         p.add_argument("--drafters", default="smollm2,ee8_before,ee8_offline,trained45m")
+        p.add_argument("--target-quant", default="fp32", help="target graph (batch-invariant)")
+        p.add_argument("--drafter-quant", default="int8")
     sub.choices["prepare"].add_argument("--genai", action="store_true")
     p = sub.choices["run"]
     p.add_argument("--tasks", default="code")

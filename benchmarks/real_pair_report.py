@@ -43,6 +43,9 @@ def _agg(
         ps = sum(r["predicted_spec_ms"] for r in rows)
         out["predicted_speedup"] = pb / ps if ps else 0.0
         out["steps"] = {k: int(sum(r.get(k, 0) for r in rows)) for k in ("model", "lookup", "none")}
+        if "cost_tokens" in rows[0]:
+            out["cost_terms"] = {k: sum(r[f"cost_{k}"] for r in rows) for k in
+                                 ("drafter", "verify_width", "host", "target_1", "tokens")}  # fmt: skip
     return out
 
 
@@ -82,6 +85,42 @@ def limiting_term(method: str, a: dict[str, Any], prof: CostProfile | None) -> s
     )
 
 
+GOALS = {"code": 1.3, "overall": 1.15}
+FLOOR = 0.95
+
+
+def best_configuration(summ: dict[str, Any]) -> str | None:
+    """The speculative configuration with the highest overall speedup among those whose outputs
+    are all identical to our ORT target-only (None if there is none)."""
+    ok = [m for m, per in summ.items() if m.startswith("ours_") and m != "ours_target"
+          and per["overall"]["identical"]]  # fmt: skip
+    return max(ok, key=lambda m: summ[m]["overall"]["speedup"], default=None)
+
+
+def term_line(task: str, a: dict[str, Any]) -> str:
+    """One task's speedup decomposed into the cost model's terms (per step, in target 1-token
+    calls): what each costs, and which one stops the figure where it misses its goal."""
+    t = a.get("cost_terms")
+    if not t or not t["target_1"]:
+        return f"- {task}: {a['speedup']:.2f}x (no step trace)"
+    steps = a["steps"]["model"] + a["steps"]["lookup"] + a["steps"]["none"]
+    unit = t["target_1"]  # one 1-token target call per step
+    parts = {k: t[k] / unit for k in ("drafter", "verify_width", "host")}
+    per_step = t["tokens"] / max(steps, 1)
+    goal = GOALS.get(task, FLOOR)
+    line = (f"- {task}: measured {a['speedup']:.2f}x, predicted {a['predicted_speedup']:.2f}x "
+            f"= {per_step:.2f} tokens/step / (1 target call + {parts['drafter']:.2f} drafter + "
+            f"{parts['verify_width']:.2f} verification width + {parts['host']:.2f} host); "
+            f"acceptance {a.get('acceptance', 0):.2f}")  # fmt: skip
+    if a["speedup"] >= goal:
+        return line + f"; goal {goal:.2f}x met"
+    worst = max(parts, key=lambda k: parts[k])
+    need = goal * (1 + sum(parts.values()))
+    return line + (f"; goal {goal:.2f}x NOT met: it needs {need:.2f} tokens/step at these costs, "
+                   f"or the largest cost term ({worst}, {parts[worst]:.2f} target calls/step) "
+                   "cut")  # fmt: skip
+
+
 def _profiles(chunks: list[dict[str, Any]]) -> dict[str, CostProfile]:
     raw = chunks[0]["profiles"]
     return {n: CostProfile.from_json(json.dumps(v)) for n, v in raw.items()}
@@ -107,6 +146,7 @@ def write_report(chunk_dir: Path, out_dir: Path, name: str = "real_pair") -> Non
         objs.append(o)
     payload = {
         "configurations": objs,
+        "best_configuration": best_configuration(summ),
         "chunks": [c["meta"] for c in chunks],
         "profiles": chunks[0]["profiles"],
         "summary": summ,
@@ -114,7 +154,7 @@ def write_report(chunk_dir: Path, out_dir: Path, name: str = "real_pair") -> Non
     write_text_atomic(out_dir / f"{name}.json", json.dumps(payload, indent=1, default=str) + "\n")
     write_text_atomic(out_dir / f"{name}.md", _markdown(summ, chunks, profs))
     for t in TASKS:
-        _plot(summ, t, out_dir / f"{name}_{t}.png")
+        _plot(summ, t, out_dir / f"{name}_{t}.png", chunks[0]["meta"].get("target_quant", "int8"))
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
@@ -124,10 +164,9 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
 def _markdown(
     summ: dict[str, Any], chunks: list[dict[str, Any]], profs: dict[str, CostProfile]
 ) -> str:
-    lines = [
-        "# real_pair: Qwen2.5-Coder-0.5B-Instruct on ONNX Runtime (int8 weight-only), greedy",
-        "",
-    ]
+    quant = chunks[0]["meta"].get("target_quant", "int8")
+    lines = [f"# real_pair: Qwen2.5-Coder-0.5B-Instruct target on ONNX Runtime ({quant} graph), "
+             "greedy", ""]  # fmt: skip
     for c in chunks:
         m = c["meta"]
         lines.append(f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
@@ -144,6 +183,11 @@ def _markdown(
                          + f" | ratio c = {p.drafter_ratio:.2f} |")  # fmt: skip
     lines += ["", f"host overhead {p0.overhead_ms:.2f} ms/step, lookup {p0.lookup_ms:.3f} ms, "
               f"prefill {p0.prefill_ms_per_token:.2f} ms/token", ""]  # fmt: skip
+    best = best_configuration(summ)
+    if best is not None:
+        lines += [f"## Best configuration with identical outputs: {best}", ""]
+        lines += [term_line(t, summ[best][t]) for t in ("overall", *TASKS) if t in summ[best]]
+        lines.append("")
     for t in ("overall", *TASKS):
         lines += [f"## {t}", "", "| configuration | tok/s | speedup vs our ORT target-only | vs "
                   "ORT GenAI target-only | acceptance | target tokens/call | drafter cost ratio | "
@@ -176,7 +220,7 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
-def _plot(summ: dict[str, Any], task: str, path: Path) -> None:
+def _plot(summ: dict[str, Any], task: str, path: Path, quant: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,9 +238,8 @@ def _plot(summ: dict[str, Any], task: str, path: Path) -> None:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("speedup vs our ORT target-only")
-    ax.set_title(
-        f"real_pair, {task}: Qwen2.5-Coder-0.5B int8 ORT, greedy (identity: see real_pair.md)"
-    )
+    ax.set_title(f"real_pair, {task}: Qwen2.5-Coder-0.5B {quant} ORT, greedy (identity: see "
+                 "real_pair.md)")  # fmt: skip
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -179,3 +179,21 @@ def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_
     """Speedup the profile predicts for a generation that took ``steps`` (``predicted_times``)."""
     base, spec = predicted_times(profile, steps, prompt_len)
     return base / spec if spec > 0 else 0.0
+
+
+def cost_terms(profile: CostProfile, steps: Sequence[StepRecord]) -> dict[str, float]:
+    """Where a generation's predicted time goes, in ms summed over ``steps``: ``drafter`` (drafter
+    calls), ``verify_width`` (target calls beyond a 1-token call's cost), ``host`` (per-step
+    overhead and lookups), ``target_1`` (one 1-token target call per step), and ``tokens`` made.
+    ``tokens * value_ms / (target_1 + drafter + verify_width + host)`` is the decode speedup."""
+    out = {"drafter": 0.0, "verify_width": 0.0, "host": 0.0, "target_1": 0.0, "tokens": 0.0}
+    for s in steps:
+        total = step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup")
+        drafter = s.drafter_calls * profile.drafter(1)
+        width = profile.target(s.proposed + 1) - profile.target(1)
+        out["drafter"] += drafter
+        out["verify_width"] += width
+        out["host"] += total - drafter - width - profile.target(1)
+        out["target_1"] += profile.target(1)
+        out["tokens"] += s.accepted + 1
+    return out

@@ -11,10 +11,12 @@ from omnidraft_deploy.speculative.cost import (
     CostProfile,
     StepRecord,
     best_length,
+    cost_terms,
     expected_speedup,
     expected_tokens,
     marginal_ms,
     predicted_speedup,
+    predicted_times,
     step_ms,
 )
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, make_policy
@@ -65,6 +67,22 @@ def test_predicted_speedup_of_a_trace() -> None:
     assert math.isclose(predicted_speedup(REAL, plain, prompt_len=20), 1.0)
     look = [StepRecord("lookup", 0, 3, 3)] * 4  # 16 tokens in 4 calls of width 4
     assert math.isclose(predicted_speedup(REAL, look, prompt_len=1), 1600.0 / (4 * 116.0))
+
+
+def test_cost_terms_add_up_to_the_predicted_time() -> None:
+    prof = CostProfile(target_ms=(100.0, 110.0, 125.0), drafter_ms=(20.0,), overhead_ms=3.0,
+                       lookup_ms=1.0)  # fmt: skip
+    steps = [
+        StepRecord("model", 2, 2, 1),
+        StepRecord("lookup", 0, 1, 1),
+        StepRecord("none", 0, 0, 0),
+    ]
+    t = cost_terms(prof, steps)
+    assert t == {"drafter": 40.0, "verify_width": 35.0, "host": 7.0, "target_1": 300.0,
+                 "tokens": 5.0}  # fmt: skip
+    base, spec = predicted_times(prof, steps, prompt_len=1)
+    assert math.isclose(t["target_1"] + t["drafter"] + t["verify_width"] + t["host"], spec)
+    assert math.isclose(t["tokens"] * prof.value_ms, base)
 
 
 def test_profile_json_round_trip_and_errors() -> None:

@@ -299,7 +299,7 @@ def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
     if len(text) > MAX_MANIFEST_BYTES:
         raise BundleError(source, f"{len(text)} characters, more than {MAX_MANIFEST_BYTES}")
 
-    if depth(text) > MAX_JSON_DEPTH:
+    if depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise BundleError(source, f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         raw = loads_strict(text)  # NaN parses, and is refused per field

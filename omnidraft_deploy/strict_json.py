@@ -10,26 +10,25 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
+_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)  # a string, or a bracket
 
-def depth(text: str) -> int:
-    """Deepest bracket nesting outside strings."""
+
+def depth(text: str, limit: int | None = None) -> int:
+    """Deepest bracket nesting outside strings; with ``limit``, stops as soon as it is passed
+    (and returns ``limit + 1``), so a deeply nested text costs ``limit`` brackets, not its length.
+    """
     level = deepest = 0
-    in_str = escaped = False
-    for ch in text:
-        if in_str:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
+    for match in _TOKEN.finditer(text):
+        ch = match.group()[0]
+        if ch in "[{":
             level += 1
-            deepest = max(deepest, level)
+            if level > deepest:
+                deepest = level
+                if limit is not None and deepest > limit:
+                    return deepest
         elif ch in "]}":
             level -= 1
     return deepest

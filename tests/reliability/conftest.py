@@ -3,11 +3,15 @@
 Long mode (``OMNIDRAFT_RELIABILITY=long pytest -m "slow or not slow" tests/reliability``) runs
 >= 100k fuzz inputs per format and hundreds of kills, and merges every count the tests recorded
 (``record``) into ``reports/fuzz.json`` / ``reports/fuzz.md`` (one row per target, with the
-command that produced it).
+commands that produced it). A long run can be split: ``OMNIDRAFT_FUZZ_SEEDS=a:b`` fuzzes input
+seeds a..b-1 only and ``OMNIDRAFT_KILL_SEED`` / ``OMNIDRAFT_KILLS`` pick a kill run's seed and
+count; each (target, seeds) part is stored on its own, a rerun of the same part replaces it, and
+a row is the sum of its parts.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -30,11 +34,54 @@ def scale(quick: int, long: int) -> int:
     return int(override) if override and long >= 100_000 else long
 
 
-def record(name: str, **counts: Any) -> None:
-    """Add counts to row ``name`` of the report (summed over calls)."""
-    row = RESULTS.setdefault(name, {})
+def fuzz_seeds(quick: int) -> range:
+    """Input seeds of a fuzz run: ``quick`` normally; 100k in long mode, or
+    ``$OMNIDRAFT_FUZZ_SEEDS`` (``a:b``), or the first ``$OMNIDRAFT_FUZZ_N``."""
+    if not LONG:
+        return range(quick)
+    seeds = os.environ.get("OMNIDRAFT_FUZZ_SEEDS")
+    if seeds:
+        a, b = (int(x) for x in seeds.split(":"))
+        return range(a, b)
+    return range(scale(quick, 100_000))
+
+
+def kill_seed_and_count(quick: int, long: int) -> tuple[int, int]:
+    """(seed, kills) of a kill run: ``$OMNIDRAFT_KILL_SEED`` (0) and ``$OMNIDRAFT_KILLS`` in long
+    mode (else ``long``); the quick run uses seed 0 and ``quick`` kills."""
+    if not LONG:
+        return 0, quick
+    kills = os.environ.get("OMNIDRAFT_KILLS")
+    return int(os.environ.get("OMNIDRAFT_KILL_SEED", "0")), int(kills) if kills else long
+
+
+def record(name: str, *, part: str = "all", **counts: Any) -> None:
+    """Add counts to part ``part`` of row ``name`` of the report (summed over calls)."""
+    row = RESULTS.setdefault(name, {"part": part})
     for key, value in counts.items():
         row[key] = row.get(key, 0) + value if isinstance(value, int | float) else value
+
+
+def _sum_parts(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for part in parts.values():
+        for key, value in part.items():
+            if key == "run":
+                row["run"] = ",".join(x for x in (str(row.get("run", "")), str(value)) if x)
+            elif isinstance(value, int | float):
+                row[key] = row.get(key, 0) + value
+    return row
+
+
+def merge(old: dict[str, Any], new: dict[str, dict[str, Any]], run: dict[str, Any]) -> dict:
+    """``old`` report + this run's rows: a part replaces the stored part of the same name."""
+    runs = [*old["runs"], run]
+    parts = {name: dict(p) for name, p in old.get("parts", {}).items()}
+    for name, row in new.items():
+        part = {k: v for k, v in row.items() if k != "part"} | {"run": len(runs) - 1}
+        parts.setdefault(name, {})[row["part"]] = part
+    results = {name: _sum_parts(p) for name, p in parts.items()}
+    return {"runs": runs, "parts": parts, "results": results}
 
 
 def _markdown(merged: dict[str, Any]) -> str:
@@ -47,6 +94,11 @@ def _markdown(merged: dict[str, Any]) -> str:
         cells = [str(round(row[c], 1) if isinstance(row.get(c), float) else row.get(c, "-"))
                  for c in cols]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Parts (seeds of each row; a row is the sum of its parts):", ""]
+    for name, parts in sorted(merged["parts"].items()):
+        lines.append(f"- {name}: " + "; ".join(
+            f"{p} ({row.get('inputs', row.get('kills'))}, run {row['run']})"
+            for p, row in parts.items()))  # fmt: skip
     lines += ["", "Runs (the `run` column):", ""]
     for i, r in enumerate(merged["runs"]):
         lines.append(f"{i}. `{r['command']}` ({r['date']}, {r['machine']}, load average "
@@ -56,16 +108,16 @@ def _markdown(merged: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def reliability_report(request: pytest.FixtureRequest) -> Any:
-    """Long mode: merge this session's rows into reports/fuzz.json (rows of the same name are
-    replaced) and rewrite reports/fuzz.md from all rows."""
+    """Long mode: merge this session's parts into reports/fuzz.json (``merge``) and rewrite
+    reports/fuzz.md from all rows."""
     load_before = os.getloadavg()
     yield
     if not LONG or not RESULTS:
         return
     args = " ".join(request.config.invocation_params.args)
-    n = os.environ.get("OMNIDRAFT_FUZZ_N")
-    env = f"OMNIDRAFT_RELIABILITY=long {f'OMNIDRAFT_FUZZ_N={n} ' if n else ''}"
-    command = f"{env}.venv/bin/pytest {args}"
+    keys = ("OMNIDRAFT_FUZZ_N", "OMNIDRAFT_FUZZ_SEEDS", "OMNIDRAFT_KILL_SEED", "OMNIDRAFT_KILLS")
+    env = "".join(f"{k}={os.environ[k]} " for k in keys if os.environ.get(k))
+    command = f"OMNIDRAFT_RELIABILITY=long {env}.venv/bin/pytest {args}"
     run = {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -74,10 +126,10 @@ def reliability_report(request: pytest.FixtureRequest) -> Any:
         "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
     path = REPORTS / "fuzz.json"
-    old = json.loads(path.read_text()) if path.is_file() else {"runs": [], "results": {}}
-    for row in RESULTS.values():
-        row["run"] = len(old["runs"])
-    merged = {"runs": [*old["runs"], run], "results": {**old["results"], **RESULTS}}
     REPORTS.mkdir(exist_ok=True)
-    path.write_text(json.dumps(merged, indent=2) + "\n")
-    (REPORTS / "fuzz.md").write_text(_markdown(merged))
+    with open(REPORTS / ".fuzz.lock", "w") as lock:  # parts may finish at the same time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = json.loads(path.read_text()) if path.is_file() else {"runs": [], "parts": {}}
+        merged = merge(old, RESULTS, run)
+        path.write_text(json.dumps(merged, indent=2) + "\n")
+        (REPORTS / "fuzz.md").write_text(_markdown(merged))

@@ -93,25 +93,36 @@ CHILDREN = {
 }
 
 
-def run_child(kind: str, target: Path, version: int, *, kill_after: float | None) -> float:
-    """Run one writer; SIGKILL it ``kill_after`` seconds in (None: let it finish). Wall seconds."""
+def run_child(
+    kind: str, target: Path, version: int, *, kill_after: float | None
+) -> tuple[float, bool, float | None]:
+    """Run one writer; SIGKILL it ``kill_after`` seconds in (None: let it finish).
+
+    Returns (wall seconds, whether a temp file or staging folder of ours existed at the kill,
+    seconds until one first appeared: the start of the write, polled every 20 ms)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILDREN[kind], str(target), str(version)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
-    if kill_after is None:
-        _, err = proc.communicate(timeout=900)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{kind} failed: {err.decode()[-2000:]}")
-    else:
-        try:
-            proc.wait(timeout=kill_after)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-    return time.perf_counter() - t0
+    deadline = t0 + (900.0 if kill_after is None else kill_after)
+    write_start: float | None = None
+    while proc.poll() is None and time.perf_counter() < deadline:
+        if write_start is None and ours_beside(target):
+            write_start = time.perf_counter() - t0
+        time.sleep(min(0.02, max(0.0, deadline - time.perf_counter())))
+    mid_write = False
+    if proc.poll() is None:
+        if kill_after is None:
+            proc.kill()
+            raise RuntimeError(f"{kind} ran over 900 s")
+        mid_write = bool(ours_beside(target))  # a kill now lands inside the write
+        proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    if kill_after is None and proc.returncode != 0:
+        raise RuntimeError(f"{kind} failed: {err.decode()[-2000:]}")
+    return time.perf_counter() - t0, mid_write, write_start
 
 
 def ours_beside(target: Path) -> list[str]:
@@ -123,7 +134,7 @@ def ours_beside(target: Path) -> list[str]:
 @dataclass
 class KillStats:
     kills: int = 0
-    killed_mid_write: int = 0  # the child was still running when killed
+    killed_mid_write: int = 0  # a temp file / staging folder of ours existed at the kill
     missing: int = 0  # the target held no whole version right after a kill
     partial_validated: int = 0
     junk_after_next_run: int = 0
@@ -141,22 +152,28 @@ def kill_loop(
     seed: int = 0,
 ) -> KillStats:
     """Write version 0 whole, then ``n_kills`` times: start version i, kill at a random instant,
-    check the target; finally one whole run and the junk check."""
+    check the target; finally one whole run and the junk check.
+
+    Three kills in four land at a uniform instant of the write itself (from the first temp file
+    or staging folder of the whole run to its end; the real export spends most of its time
+    importing and tracing before it writes), the rest anywhere in the run."""
     rng = random.Random(seed)
     stats = KillStats()
-    full = run_child(kind, target, 0, kill_after=None)  # the last good version
+    full, _, start = run_child(kind, target, 0, kill_after=None)  # the last good version
+    start = min(start if start is not None else 0.0, full)
     for i in range(1, n_kills + 1):
-        delay = rng.uniform(0.05, full * 1.1)
-        t = run_child(kind, target, i, kill_after=delay)
+        lo = start * 0.95 if rng.random() < 0.75 else 0.05
+        delay = rng.uniform(lo, full * 1.05)
+        _, mid_write, _ = run_child(kind, target, seed * 100_000 + i, kill_after=delay)
         stats.kills += 1
-        stats.killed_mid_write += t < full * 1.5 and delay < t + 0.05
+        stats.killed_mid_write += mid_write
         if not check(target):
             stats.missing += 1
             stats.notes.append(f"kill {i} at {delay:.2f}s: {ours_beside(target)}")
         for name in ours_beside(target):
             if partial_validates(target.parent / name):
                 stats.partial_validated += 1
-    run_child(kind, target, n_kills + 1, kill_after=None)  # the next run
+    run_child(kind, target, seed * 100_000 + n_kills + 1, kill_after=None)  # the next run
     if not check(target):
         stats.missing += 1
     left = ours_beside(target)

@@ -1,96 +1,150 @@
-"""Property-based fuzzing of the ODNG, ODVM and manifest readers with structure-aware mutations.
+"""Property-based fuzzing of the ODNG, ODVM, manifest readers and the bundle opener with
+structure-aware mutations.
 
 Every input must be rejected with the reader's own error naming the source, or accepted and then
-pass an oracle written from the format's docstring (``mutations``). Quick run: a few thousand
-inputs per format; ``OMNIDRAFT_RELIABILITY=long``: >= 100k per format, counted in reports/fuzz.md.
+pass an oracle written from the format's docstring (``mutations``). Default run, per format: 300
+inputs drawn by hypothesis (shrunk on failure) and 2,000 from seeds 0..1,999 (``RandomPick``), 300
+bundles. ``OMNIDRAFT_RELIABILITY=long``: seeds 0..99,999 per format (``OMNIDRAFT_FUZZ_SEEDS=a:b``
+runs a part), counted in reports/fuzz.md; a failure names its seed, which replays it alone.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import shutil
+import stat
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import record, scale
+from conftest import LONG, fuzz_seeds, record
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from mutations import (
+    Pick,
+    RandomPick,
+    as_strategy,
     check_manifest,
     check_odng,
     check_odvm,
-    manifest_inputs,
-    odng_inputs,
-    odvm_inputs,
+    manifest_input,
+    odng_input,
+    odvm_input,
 )
 
-FORMATS: dict[str, tuple[st.SearchStrategy, Callable[[object], str], int]] = {
-    "ODNG (ngram/format.py)": (odng_inputs(), check_odng, 1000),  # type: ignore[dict-item]
-    "ODVM (vocab/io.py)": (odvm_inputs(), check_odvm, 1000),  # type: ignore[dict-item]
-    "manifest.json (manifest.py)": (manifest_inputs(), check_manifest, 1000),  # type: ignore[dict-item]
+FORMATS: dict[str, tuple[Callable[[Pick], Any], Callable[[Any], str]]] = {
+    "ODNG (ngram/format.py)": (odng_input, check_odng),
+    "ODVM (vocab/io.py)": (odvm_input, check_odvm),
+    "manifest.json (manifest.py)": (manifest_input, check_manifest),
 }
+QUICK_HYPOTHESIS = 300  # default run, per format: hypothesis-driven inputs (shrinking) ...
+QUICK_SEEDED = 2000  # ... then seeds 0..1999 (the first inputs of the long run)
+QUICK_BUNDLES = 300
+
+
+def fuzz(
+    name: str,
+    generate: Callable[[Pick], Any],
+    check: Callable[[Any], str],
+    *,
+    hypothesis_n: int,
+    seeded_n: int,
+) -> None:
+    """Run ``check`` on generated inputs and record the counts: ``hypothesis_n`` drawn by
+    hypothesis (default run only), then the seeded ones (``fuzz_seeds``)."""
+    outcomes: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    seeds = fuzz_seeds(seeded_n)
+    if not LONG and hypothesis_n:
+
+        @settings(max_examples=hypothesis_n, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(as_strategy(generate))
+        def run(data: object) -> None:
+            outcomes[check(data)] += 1  # raises AssertionError on a crash or an invalid accept
+
+        run()
+    for seed in seeds:
+        try:
+            outcomes[check(generate(RandomPick(seed)))] += 1
+        except AssertionError as e:
+            raise AssertionError(f"{name}, input seed {seed}: {e}") from e
+    record(name, part=f"seeds {seeds.start}-{seeds.stop - 1}" if LONG else "quick",
+           inputs=sum(outcomes.values()), accepted=outcomes["accepted"],
+           rejected=outcomes["rejected"], crashes=0, invalid_accepted=0,
+           seconds=time.perf_counter() - t0)  # fmt: skip
+    if sum(outcomes.values()) >= 100:
+        assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0  # both sides were reached
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_every_mutated_input_is_rejected_cleanly_or_valid(name: str) -> None:
-    strategy, check, quick = FORMATS[name]
-    outcomes: Counter[str] = Counter()
-    n = scale(quick, 100_000)
-    t0 = time.perf_counter()
-
-    @settings(max_examples=n, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(strategy)
-    def run(data: object) -> None:
-        outcomes[check(data)] += 1  # raises AssertionError on a crash or an invalid accept
-
-    run()
-    record(name, inputs=sum(outcomes.values()), accepted=outcomes["accepted"],
-           rejected=outcomes["rejected"], crashes=0, invalid_accepted=0,
-           seconds=time.perf_counter() - t0)  # fmt: skip
-    assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0  # both sides were reached
+    generate, check = FORMATS[name]
+    fuzz(name, generate, check, hypothesis_n=QUICK_HYPOTHESIS, seeded_n=QUICK_SEEDED)
 
 
 def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
     """File-system-level mutations of a valid bundle (``bundle_mutations``): every mutation in
     ``BREAKS`` must be refused with a ``BundleError``; no mutation may raise anything else."""
     from bundle_mutations import BREAKS, MUTATIONS, make_seed
+
+    base = tmp_path
+    if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):  # memory: no disk waits
+        base = Path(tempfile.mkdtemp(prefix="omnidraft-fuzz-", dir="/dev/shm"))
+    try:
+        _fuzz_bundles(base, make_seed(base / "seed"), BREAKS, MUTATIONS)
+    finally:
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     from omnidraft_deploy.runtime.bundle import check_bundle
 
     from omnidraft_deploy.manifest import BundleError
 
-    seed = make_seed(tmp_path / "seed")
     check_bundle(seed)  # the seed itself is valid
     doc0 = json.loads((seed / "manifest.json").read_text())
-    outcomes: Counter[str] = Counter()
-    n = scale(300, 100_000)
-    t0 = time.perf_counter()
+    work = base / "work"
+    shutil.copytree(seed, work)
+    kinds = {p.relative_to(seed): stat.S_IFMT(p.lstat().st_mode) for p in seed.rglob("*")}
+    data = {rel: (seed / rel).read_bytes() for rel, k in kinds.items() if k == stat.S_IFREG}
 
-    @settings(max_examples=n, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(st.lists(st.sampled_from(sorted(MUTATIONS)), min_size=1, max_size=2),
-           st.integers(0, 2**32))  # fmt: skip
-    def run(names: list[str], salt: int) -> None:
-        work = tmp_path / "work"
-        shutil.rmtree(work, ignore_errors=True)
-        for p in tmp_path.glob("work-outside-*"):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        shutil.copytree(seed, work)
+    def restore() -> None:
+        """Put ``work`` back to the seed's bytes (cheaper than a fresh copy of the folder)."""
+        for p in base.glob("work-outside-*"):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for p in sorted(work.rglob("*"), reverse=True):  # not the seed's kind: a link, a FIFO
+            if kinds.get(p.relative_to(work)) != stat.S_IFMT(p.lstat().st_mode):
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        for rel, kind in sorted(kinds.items()):
+            q = work / rel
+            if kind == stat.S_IFDIR:
+                q.mkdir(exist_ok=True)
+            elif not q.exists() or q.read_bytes() != data[rel]:
+                q.write_bytes(data[rel])
+
+    def case(pick: Pick) -> tuple[list[str], int]:
+        return [pick.choice(sorted(mutations)) for _ in range(pick.int(1, 2))], pick.int(0, 2**32)
+
+    def one(names_and_salt: tuple[list[str], int]) -> str:
+        names, salt = names_and_salt
+        restore()
         doc, rng = copy.deepcopy(doc0), random.Random(salt)
         applied = []
         for name in names:
             try:
-                MUTATIONS[name](work, doc, rng)
+                mutations[name](work, doc, rng)
                 applied.append(name)
             except (OSError, KeyError, TypeError):  # two edits can clash (file deleted, then
                 # linked; a section replaced, then edited): skip the second
                 pass
-        names = applied
         (work / "manifest.json").write_text(json.dumps(doc))
         try:
             check_bundle(work)
@@ -99,16 +153,12 @@ def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
             assert e.problem, e
             outcome = "rejected"
         except Exception as e:  # noqa: BLE001 - any other exception is a crash
-            raise AssertionError(f"crash after {names}: {type(e).__name__}: {e}") from e
-        breaks = [  # a later edit that relists a file legitimately repairs change_unlisted
-            x for i, x in enumerate(names)
-            if x in BREAKS and not (x == "change_unlisted" and set(names[i + 1 :]) - set(BREAKS))
+            raise AssertionError(f"crash after {applied}: {type(e).__name__}: {e}") from e
+        broken = [  # a later edit that relists a file legitimately repairs change_unlisted
+            x for i, x in enumerate(applied)
+            if x in breaks and not (x == "change_unlisted" and set(applied[i + 1 :]) - set(breaks))
         ]  # fmt: skip
-        assert not (breaks and outcome == "accepted"), f"accepted a bundle broken by {breaks}"
-        outcomes[outcome] += 1
+        assert not (broken and outcome == "accepted"), f"accepted a bundle broken by {broken}"
+        return outcome
 
-    run()
-    record("bundle opener (runtime/bundle.py)", inputs=sum(outcomes.values()),
-           accepted=outcomes["accepted"], rejected=outcomes["rejected"], crashes=0,
-           invalid_accepted=0, seconds=time.perf_counter() - t0)  # fmt: skip
-    assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0
+    fuzz("bundle opener (runtime/bundle.py)", case, one, hypothesis_n=0, seeded_n=QUICK_BUNDLES)

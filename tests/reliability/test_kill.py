@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import record, scale
+from conftest import kill_seed_and_count, record
 from killing import KillStats, kill_loop
 
 from omnidraft_deploy.distill.checkpoint import CheckpointError, load_checkpoint
@@ -49,8 +49,8 @@ def _never(path: Path) -> bool:
     return False
 
 
-def _report(name: str, s: KillStats) -> None:
-    record(name, kills=s.kills, killed_mid_write=s.killed_mid_write, bundles_missing=s.missing, partial_validated=s.partial_validated,
+def _report(name: str, seed: int, s: KillStats) -> None:
+    record(name, part=f"seed {seed}", kills=s.kills, killed_mid_write=s.killed_mid_write, bundles_missing=s.missing, partial_validated=s.partial_validated,
            junk_after_next_run=s.junk_after_next_run, crashes=s.crashes)  # fmt: skip
     assert (s.missing, s.partial_validated, s.junk_after_next_run) == (0, 0, 0), s.notes
 
@@ -69,8 +69,9 @@ def test_kills_during_publish_and_saves_lose_nothing(
     name = {"synthetic_export": "bundle.json", "cache_save": "cache.bin"}.get(kind, "ckpt.st")
     target = tmp_path / ("bundle" if kind == "synthetic_export" else name)
     partial = _bundle_ok if kind == "synthetic_export" else _never
-    s = kill_loop(kind, target, scale(quick, long), check=check, partial_validates=partial)
-    _report(f"kill: {kind}", s)
+    seed, n = kill_seed_and_count(quick, long)
+    s = kill_loop(kind, target, n, check=check, partial_validates=partial, seed=seed)
+    _report(f"kill: {kind}", seed, s)
 
 
 @pytest.mark.slow
@@ -82,5 +83,6 @@ def test_kills_during_real_export_and_weight_swap_lose_nothing(tmp_path: Path, k
         from killing import run_child
 
         run_child("export", target, 0, kill_after=None)
-    s = kill_loop(kind, target, scale(2, 12), check=_bundle_ok, partial_validates=_bundle_ok)
-    _report(f"kill: {kind} (tiny onnx)", s)
+    seed, n = kill_seed_and_count(2, 12)
+    s = kill_loop(kind, target, n, check=_bundle_ok, partial_validates=_bundle_ok, seed=seed)
+    _report(f"kill: {kind} (tiny onnx)", seed, s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -228,3 +229,68 @@ def test_extras_of_any_content_are_informational(tmp_path: Path) -> None:
     doc["extras"] = {"target_model": str(fifo), "seed": "x", "nested": [{"a": None}]}
     write_manifest(root, doc)
     check_bundle(root)
+
+
+# --- silent accepts: every rule the ODVM docstring states -----------------------------------------
+def _odvm(**patch: int) -> bytes:
+    """A valid v2 map (V_d 3, V_t 4, one drafter EOS), header / table words patched, resealed."""
+    from omnidraft_deploy.vocab import io as odvm
+
+    mapper = VocabMapper(torch.tensor([0, -1, 3]), torch.tensor([0, 1, 1, 1, 2]),
+                         torch.tensor([0, 2]), draft_eos=(1,), target_eos=())  # fmt: skip
+    data = bytearray(odvm.to_bytes(mapper))
+    at = {"version": (4, "<H"), "flags": (6, "<H"), "vd": (8, "<I"), "reserved": (26, "<H"),
+          "eos": (32, "<I"), "offset0": (32 + 4 + 4 * 3, "<I")}  # fmt: skip
+    for name, value in patch.items():
+        struct.pack_into(at[name][1], data, at[name][0], value)
+    return bytes(data[:-4]) + struct.pack("<I", zlib.crc32(bytes(data[:-4])))
+
+
+@pytest.mark.parametrize(
+    ("patch", "problem"),
+    [({"eos": 3}, "EOS"), ({"offset0": 1}, "offsets"), ({"version": 0}, "version 0"),
+     ({"flags": 1}, "flags"), ({"reserved": 1}, "reserved"), ({"vd": 0}, "empty vocabulary")],
+)  # fmt: skip
+def test_odvm_rules_of_the_docstring_are_enforced(patch: dict[str, int], problem: str) -> None:
+    from omnidraft_deploy.vocab import io as odvm
+
+    odvm.from_bytes(_odvm())  # the unpatched map is valid
+    with pytest.raises(odvm.VocabMapFormatError, match=problem):
+        odvm.from_bytes(_odvm(**patch), source="vocab_map.bin")
+
+
+# --- crash class 3: a graph file that is not a model ----------------------------------------------
+@pytest.mark.parametrize("junk", [b"", b"\x08\xff\xff\xff\xff\x0f", b"not a protobuf" * 99])
+def test_graph_file_that_is_not_a_model_is_named(tmp_path: Path, junk: bytes) -> None:
+    root = make_seed(tmp_path / "b")
+    (root / "drafter.onnx").write_bytes(junk)
+    doc = json.loads((root / "manifest.json").read_text())
+    relist(root, doc, "drafter.onnx")  # listed with its true hash: only the content is wrong
+    write_manifest(root, doc)
+    with pytest.raises(BundleError, match="drafter.onnx"):
+        check_bundle(root)
+
+
+# --- a killed export lost the bundle: the two-rename window, stale staging folders -----------------
+def test_kill_between_the_two_renames_is_recovered_and_leftovers_are_cleaned(
+    tmp_path: Path,
+) -> None:
+    """The state a kill between ``final -> .old`` and ``staged -> final`` leaves (the fallback
+    swap; the kill harness exercises the exchange): the next open restores the bundle, the next
+    export deletes the dead writer's staging folder and ``.old``, and neither ever validates."""
+    from omnidraft_deploy.manifest import atomic_bundle_dir, verify_bundle
+
+    final = make_seed(tmp_path / "b")
+    before = (final / "manifest.json").read_bytes()
+    staged = tmp_path / ".b.k1ll3d_x.partial"
+    shutil.copytree(final, staged)  # complete, but its writer died before publishing it
+    final.rename(tmp_path / ".b.old")
+    for leftover in (staged, tmp_path / ".b.old"):
+        with pytest.raises(BundleError, match="never a bundle"):
+            verify_bundle(leftover)
+    assert verify_bundle(final) and (final / "manifest.json").read_bytes() == before
+    with atomic_bundle_dir(final, exchange=False) as tmp:  # the next export, fallback swap
+        for p in final.iterdir():
+            shutil.copytree(p, tmp / p.name) if p.is_dir() else shutil.copyfile(p, tmp / p.name)
+    verify_bundle(final)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]

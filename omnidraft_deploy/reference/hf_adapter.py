@@ -17,8 +17,9 @@ fp32 (27-32 GB), plus the KV cache ``2 * n_layers * n_kv_heads * max_seq_len * h
 (Llama-3-8B, 2048 positions, bf16: 256 MB). On a 24 GiB machine load 7-8B targets in bf16.
 
 Config conversion: transformers 5 keeps ``rope_theta`` in ``config.rope_parameters`` (older
-configs have it top level); Qwen2 has q/k/v bias; tied embeddings keep one tensor. Only the
-default RoPE is supported (a scaled ``rope_type`` raises instead of silently diverging).
+configs have it top level); Qwen2 has q/k/v bias; tied embeddings keep one tensor. The
+default RoPE and Llama-3.x scaling (``rope_type: llama3``; from a GGUF, its ``rope_freqs``
+tensor) are supported: any other scaled ``rope_type`` raises instead of silently diverging.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ from torch import Tensor
 
 from omnidraft_deploy import assets, optional
 from omnidraft_deploy.presets import Family, get_preset
-from omnidraft_deploy.reference.model import ModelArgs, Transformer, rope_tables
+from omnidraft_deploy.reference.model import ModelArgs, Transformer
+from omnidraft_deploy.reference.rope import (
+    llama3_from_freq_factors,
+    rope_tables,
+    scaling_from_config,
+)
 
 log = logging.getLogger(__name__)
 _ARCH_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size")
@@ -70,9 +76,7 @@ def args_from_config(
     if mtype not in ("llama", "qwen2", "mistral"):
         raise ValueError(f"model_type {mtype!r} not supported (llama, qwen2, mistral)")
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"rope_type {rope_type!r} not supported by reference.model (default only)")
+    scaling = scaling_from_config(cfg)  # Llama-3.x; other scaled rope_types raise
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     dim, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // n_heads
@@ -88,7 +92,7 @@ def args_from_config(
         intermediate_size=int(cfg["intermediate_size"]), rope_theta=theta,
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), qkv_bias=family is Family.QWEN2,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_seq_len=max_seq_len or min(limit, 2048),
+        max_seq_len=max_seq_len or min(limit, 2048), rope_scaling=scaling,
     )  # fmt: skip
     return family, args
 
@@ -119,7 +123,7 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, Tensor]:
 
 def _materialise_buffers(model: Transformer, dtype: torch.dtype) -> None:
     a = model.args
-    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta)
+    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
     model.register_buffer("rope_cos", cos.to(dtype), persistent=False)
     model.register_buffer("rope_sin", sin.to(dtype), persistent=False)
     for i, shape in enumerate(model.cache_shapes()):
@@ -164,8 +168,8 @@ def gguf_to_hf_folder(gguf: str | Path) -> tuple[Path, bool]:
     folder = assets.derived_path("hf-gguf", sha, "model.safetensors").parent
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder, False
+    rope = _gguf_rope_parameters(gguf)  # before the 20-40 s: an unsupported scaling fails now
     transformers, st = _require("transformers"), _require("safetensors.torch")
-    _require("gguf")
     log.info("dequantising %s with transformers (one time, 20-40 s)", gguf.name)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
@@ -178,6 +182,12 @@ def gguf_to_hf_folder(gguf: str | Path) -> tuple[Path, bool]:
     try:
         st.save_file(state, str(stage / "model.safetensors"), metadata={"source": gguf.name})
         hf.config.to_json_file(str(stage / "config.json"))
+        if rope is not None:  # transformers' GGUF reader drops rope_freqs: Llama-3.x scaling
+            cfg = json.loads((stage / "config.json").read_text())
+            cfg.pop("rope_scaling", None)
+            (stage / "config.json").write_text(
+                json.dumps(cfg | {"rope_parameters": rope}, indent=2)
+            )
         del hf, state
         if folder.exists():
             shutil.rmtree(folder)
@@ -185,6 +195,28 @@ def gguf_to_hf_folder(gguf: str | Path) -> tuple[Path, bool]:
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return folder, True
+
+
+def _gguf_rope_parameters(gguf: Path) -> dict[str, Any] | None:
+    """HF ``rope_parameters`` (llama3) of a GGUF with a ``rope_freqs.weight`` tensor, else None
+    (default RoPE). Raises ``ValueError`` on any other scaling (``<arch>.rope.scaling.type``)."""
+    from omnidraft_deploy.vocab.gguf_meta import read_gguf_header
+
+    h = read_gguf_header(gguf)
+    kind = h.arch_field("rope.scaling.type")
+    if kind not in (None, "none"):
+        raise ValueError(f"{gguf}: rope scaling {kind!r} not supported (default and llama3 only)")
+    if "rope_freqs.weight" not in h.tensors:
+        return None
+    reader = _require("gguf").GGUFReader(str(gguf))
+    factors = next(t.data for t in reader.tensors if t.name == "rope_freqs.weight")
+    n_heads, dim = int(h.arch_field("attention.head_count")), int(h.arch_field("embedding_length"))
+    head_dim = int(h.arch_field("rope.dimension_count") or dim // n_heads)
+    theta = float(h.arch_field("rope.freq_base", 10000.0))
+    original = h.arch_field("rope.scaling.original_context_length")
+    scaling = llama3_from_freq_factors([float(f) for f in factors], head_dim, theta,
+                                       original=int(original) if original else None)  # fmt: skip
+    return scaling.to_config(theta)
 
 
 def _is_asset_file(name: str, path: Path) -> bool:

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from omnidraft_deploy.presets import Family, ModelSpec
+from omnidraft_deploy.reference.rope import RopeScaling
+from omnidraft_deploy.reference.rope import rope_tables as rope_tables  # re-exported
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class ModelArgs:
     qkv_bias: bool = False
     tie_embeddings: bool = False
     max_seq_len: int = 512
+    rope_scaling: RopeScaling | None = None  # Llama-3.x frequency scaling (reference.rope)
 
     @property
     def head_dim(self) -> int:
@@ -75,14 +78,6 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
-
-
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin tables (max_seq_len, head_dim) in HF's rotate-half layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -192,7 +187,7 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         for i, shape in enumerate(self.cache_shapes()):

@@ -53,7 +53,7 @@ def _materialise(model: Transformer, dtype: torch.dtype) -> None:
     from omnidraft_deploy.reference.model import rope_tables
 
     a = model.args
-    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta)
+    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
     model.register_buffer("rope_cos", cos.to(dtype), persistent=False)
     model.register_buffer("rope_sin", sin.to(dtype), persistent=False)
     for i, shape in enumerate(model.cache_shapes()):

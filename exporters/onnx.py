@@ -21,6 +21,7 @@ and so need the quantised result to fit in 2 GB (true up to ~7B parameters for i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -124,7 +125,7 @@ def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
 def _export_fused(
     model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None, bundle_hash: str
 ) -> Path:
-    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
+    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model, weight_bytes
 
     name = recipe.name if recipe else "fp32"
     if not can_fuse(model.args, name):
@@ -132,22 +133,24 @@ def _export_fused(
             f"{path.name}: no fused graph for {name!r} (recipes {FUSED_RECIPES}) with head_dim "
             f"{model.args.head_dim} (GroupQueryAttention needs a multiple of 16)"
         )
+    big = weight_bytes(model, recipe) > _TWO_GB - 2**27  # headroom for the graph itself
+    data_name = f"{path.name}.data"
     t0 = time.perf_counter()
-    with torch.no_grad():
-        proto = build_graph(model, recipe)
-    set_metadata(proto, info, bundle_hash)
-    size = sum(len(t.raw_data) for t in proto.graph.initializer)
-    big = size > _TWO_GB - 2**26  # headroom for the graph itself
-    t1 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
-        save_model(proto, out, external=big)
+        with contextlib.ExitStack() as stack:
+            data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
+            with torch.no_grad():
+                proto = build_graph(model, recipe, data=data, location=data_name)
+        set_metadata(proto, info, bundle_hash)
+        t1 = time.perf_counter()
+        save_model(proto, out)
         if big:
-            os.replace(Path(tmp) / f"{path.name}.data", path.with_name(f"{path.name}.data"))
+            os.replace(Path(tmp) / data_name, path.with_name(data_name))
         os.replace(out, path)
     log.info(
-        "%s: fused %s graph built in %.1f s, written in %.1f s (%.0f MiB)",
-        path.name, name, t1 - t0, time.perf_counter() - t1, size / 2**20,
+        "%s: fused %s graph built in %.1f s, written in %.1f s (%s weights)",
+        path.name, name, t1 - t0, time.perf_counter() - t1, "external" if big else "inline",
     )  # fmt: skip
     return path
 
@@ -181,17 +184,22 @@ def convert_to_ort(onnx_path: Path) -> Path:
     """ORT mobile format next to the .onnx (``.ort``), for onnxruntime-mobile builds."""
     if (why := ort_format_blocker(onnx_path)) is not None:
         raise ValueError(f"{onnx_path.name}: no ORT format file: {why}")
-    from onnxruntime.tools.convert_onnx_models_to_ort import (
-        OptimizationStyle,
-        convert_onnx_models_to_ort,
-    )
+    import onnxruntime as ort
 
-    convert_onnx_models_to_ort(
-        onnx_path, output_dir=onnx_path.parent, optimization_styles=[OptimizationStyle.Fixed]
-    )
+    # What onnxruntime.tools.convert_onnx_models_to_ort does for the Fixed style, minus its
+    # required-operators config (a second full read of the file, which we delete anyway): one
+    # session at level "all" without the x86-only NCHWc layouts, saved in the ORT format.
     ort_path = onnx_path.with_suffix(".ort")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(ort_path)
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.save_model_format", "ORT")
+    opts.add_session_config_entry("session.qdqisint8allowed", "0")
+    ort.InferenceSession(
+        str(onnx_path), opts, providers=["CPUExecutionProvider"],
+        disabled_optimizers=["NchwcTransformer"],
+    )  # fmt: skip
     if not ort_path.is_file():
         raise FileNotFoundError(f"{ort_path}: ORT format conversion produced no file")
-    for extra in onnx_path.parent.glob("*.required_operators*"):
-        extra.unlink()
     return ort_path

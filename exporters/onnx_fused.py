@@ -21,7 +21,7 @@ position: stale slots past it are outside ``total_sequence_length`` and then ove
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -60,19 +60,38 @@ def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
 
 
 class GraphWriter:
-    """Nodes + initializers of one graph; ``bits`` 0 = fp32 matmuls, 8 / 4 = MatMulNBits."""
+    """Nodes + initializers of one graph; ``bits`` 0 = fp32 matmuls, 8 / 4 = MatMulNBits.
 
-    def __init__(self, bits: int, block: int) -> None:
-        from onnx import helper, numpy_helper
+    Initializers are added in place to ``model`` (no protobuf copies of the weights); with
+    ``data`` (an open binary file) their bytes go straight to that external-data file instead,
+    named ``location`` in the graph, 4 KiB-aligned (a >2 GB model never exists as one message).
+    """
 
-        self.helper, self.numpy_helper = helper, numpy_helper
+    def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = ""):
+        from onnx import ModelProto, helper
+
+        self.helper, self.model = helper, ModelProto()
         self.bits, self.block = bits, block
+        self.data, self.location = data, location
         self.nodes: list[Any] = []
-        self.inits: list[Any] = []
 
     def const(self, name: str, value: np.ndarray | Tensor) -> str:
+        from onnx import helper
+
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
-        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        arr = np.ascontiguousarray(arr)
+        t = self.model.graph.initializer.add()
+        t.name, t.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
+        t.dims.extend(arr.shape)
+        if self.data is None or arr.nbytes < 1024:
+            t.raw_data = arr.tobytes()
+            return name
+        offset = -(-self.data.tell() // 4096) * 4096
+        self.data.seek(offset)
+        self.data.write(arr.data.cast("B"))
+        t.data_location = t.EXTERNAL
+        for key, val in (("location", self.location), ("offset", offset), ("length", arr.nbytes)):
+            t.external_data.add(key=key, value=str(val))
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> list[str]:
@@ -165,13 +184,18 @@ def _norm(g: GraphWriter, x: str, skip: str | None, weight: Tensor, name: str, e
     return f"{name}/out"
 
 
-def build_graph(model: Transformer, recipe: QuantRecipe | None) -> Any:
-    """The fused ``onnx.ModelProto`` of ``model`` (weights inline; see ``save_model``)."""
+def build_graph(
+    model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
+    location: str = "",
+) -> Any:  # fmt: skip
+    """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
+    that open file as external data named ``location`` (see ``GraphWriter``)."""
+    import onnx
     from onnx import TensorProto, helper
 
     a = model.args
     bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
-    g = GraphWriter(bits, recipe.group_size if recipe else 32)
+    g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location)
     cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta)
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
@@ -187,28 +211,38 @@ def build_graph(model: Transformer, recipe: QuantRecipe | None) -> Any:
         x, skip = _mlp(g, model, i, h), f"layers.{i}.post_norm/sum"
     h = _norm(g, x, skip, model.model.norm.weight, "final_norm", eps)
     _lm_head(g, model, h, tied=a.tie_embeddings and bits == 0)
-    n = 2 * a.n_layers
-    cache: list[str | int] = [
-        "batch",
-        a.n_kv_heads,
-        "cache_len",
-        a.head_dim,
-    ]  # cache_len = max_seq_len when shared
-    inputs = [
+    cache: list[str | int] = ["batch", a.n_kv_heads, "cache_len", a.head_dim]  # max_seq_len
+    n, graph = 2 * a.n_layers, g.model.graph
+    graph.name = "omnidraft_fused"
+    graph.node.extend(g.nodes)
+    graph.input.extend([
         helper.make_tensor_value_info(gc.TOKEN_IDS, TensorProto.INT64, [1, "T"]),
         helper.make_tensor_value_info(gc.INPUT_POS, TensorProto.INT64, ["T"]),
-        *(
-            helper.make_tensor_value_info(gc.cache_in(j), TensorProto.FLOAT, cache)
-            for j in range(n)
-        ),
-    ]
-    outputs = [
+        *(helper.make_tensor_value_info(gc.cache_in(j), TensorProto.FLOAT, cache) for j in range(n)),
+    ])  # fmt: skip
+    graph.output.extend([
         helper.make_tensor_value_info(gc.LOGITS, TensorProto.FLOAT, [1, "T", a.vocab_size]),
         *(helper.make_tensor_value_info(gc.cache_present(j), TensorProto.FLOAT, cache) for j in range(n)),
-    ]  # fmt: skip
-    graph = helper.make_graph(g.nodes, "omnidraft_fused", inputs, outputs, g.inits)
-    opsets = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="omnidraft-deploy")
+    ])  # fmt: skip
+    g.model.ir_version = onnx.IR_VERSION
+    g.model.producer_name = "omnidraft-deploy"
+    g.model.opset_import.extend([helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    return g.model
+
+
+def weight_bytes(model: Transformer, recipe: QuantRecipe | None) -> int:
+    """Bytes the fused graph's initializers will take (decides external data before building):
+    fp32 tables and norms, ``bits/8`` per quantised weight plus a 4-byte scale per block."""
+    a = model.args
+    bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
+    block = recipe.group_size if recipe else 32
+    total = 0
+    for name, p in model.named_parameters():
+        quantised = bits and p.dim() == 2 and "embed_tokens" not in name
+        total += p.numel() * bits // 8 + p.numel() // block * 5 if quantised else p.numel() * 4
+    if bits and a.tie_embeddings:  # the head is a quantised copy of the table
+        total += a.vocab_size * a.dim * bits // 8 + a.vocab_size * a.dim // block * 5
+    return total
 
 
 def _lm_head(g: GraphWriter, model: Transformer, h: str, *, tied: bool) -> None:
@@ -222,15 +256,8 @@ def _lm_head(g: GraphWriter, model: Transformer, h: str, *, tied: bool) -> None:
     g.node("MatMul", [h, "lm_head.weight_t"], [gc.LOGITS])
 
 
-def save_model(proto: Any, path: Path, *, external: bool) -> None:
-    """``onnx.save`` to ``path``; ``external``: weights in ``<name>.data`` beside it (> 2 GB)."""
+def save_model(proto: Any, path: Path) -> None:
+    """``onnx.save`` to ``path`` as it is (external tensors keep their ``location``)."""
     import onnx
 
-    onnx.save(
-        proto,
-        str(path),
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        location=f"{path.name}.data" if external else None,
-        size_threshold=1024,
-    )
+    onnx.save(proto, str(path))

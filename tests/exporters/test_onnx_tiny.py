@@ -226,3 +226,23 @@ def test_fused_graph_with_tied_embeddings(tmp_path: Path) -> None:
     assert len(tables) == 1
     result = verify_artifact(path, info, model, get_recipe("onnx", "fp32"), PROMPTS)
     assert result["max_abs_logit_diff"] < 1e-4
+
+
+def test_fused_graph_external_weights_match_inline(fused, tmp_path: Path) -> None:
+    """Weights streamed to ``<name>.data`` while building (models past 2 GB) give the same graph."""
+    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
+
+    from omnidraft_deploy.graph_contract import ExplicitCacheGraph
+    from omnidraft_deploy.onnx_host import cpu_session
+
+    model = build_model(SPEC, seed=5, max_seq_len=32)
+    path, data_path = tmp_path / "target.onnx", tmp_path / "target.onnx.data"
+    with open(data_path, "wb") as data, torch.no_grad():
+        proto = build_graph(model, get_recipe("onnx", "int8"), data=data, location=data_path.name)
+    save_model(proto, path)
+    assert data_path.stat().st_size > 4 * path.stat().st_size
+    inline, info = fused["int8"]
+    ids, pos = np.array([PROMPTS[0]]), np.arange(len(PROMPTS[0]))
+    a = ExplicitCacheGraph(cpu_session(path), info).run(ids, pos)
+    b = ExplicitCacheGraph(cpu_session(inline), info).run(ids, pos)
+    np.testing.assert_array_equal(a, b)

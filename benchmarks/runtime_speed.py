@@ -1,0 +1,431 @@
+"""Runtime speed: our ONNX graphs + host loop vs ONNX Runtime GenAI vs ExecuTorch, same weights.
+
+    .venv/bin/python benchmarks/runtime_speed.py prepare          # exports + GenAI builds (slow)
+    .venv/bin/python benchmarks/runtime_speed.py time --threads 2 # the timed run (quiet machine)
+
+``prepare`` (cached under ``.bench/runtime_speed/``): per model (SmolLM2-135M, Qwen2.5-Coder-0.5B,
+the pinned GGUFs of ``omnidraft assets fetch --models``) the weights are saved as an HF folder
+(safetensors + config + tokenizer from the GGUF); per precision our fused graph is exported
+(``exporters.onnx``: load, build, write, ``.ort``, verification against eager PyTorch, each stage
+timed) and ONNX Runtime GenAI's model builder (``pip install 'omnidraft-deploy[bench]'``) builds
+its model from the same folder (timed); ``--pte`` also writes our ExecuTorch ``.pte`` (fp32).
+
+``time``: per (model, precision) one worker process per engine (each loads one model; its peak RSS
+is its own ``ru_maxrss``), driven round-robin by this process for ``--rounds`` rounds: prefill
+tok/s (``--prefill`` tokens from position 0), 1-token greedy decode tok/s (``--decode`` tokens
+after a ``--context``-token prompt), verify-call latency for T = 1..8 (median of ``--reps`` calls
+at the same position: a speculative verification, rolled back every time). Intra-op threads are
+explicit (``--threads``). Writes ``reports/runtime_speed.{json,md,png}``. Figures are ratios
+measured side by side in one run; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("runtime_speed")
+WORK = Path(".bench/runtime_speed")
+# preset -> (pinned GGUF asset, HF model id of the config family for GenAI's builder)
+MODELS = {
+    "smollm2-135m": ("smollm2-135m-gguf", "HuggingFaceTB/SmolLM2-135M"),
+    "qwen2.5-0.5b": ("qwen2.5-0.5b-gguf", "Qwen/Qwen2.5-Coder-0.5B"),
+}
+MAX_SEQ_LEN = 512
+VERIFY_T = tuple(range(1, 9))
+
+
+def hf_folder(preset: str) -> Path:
+    """config.json + model.safetensors (the GGUF dequantised once) + tokenizer files."""
+    from transformers import AutoTokenizer
+
+    from omnidraft_deploy import assets
+    from omnidraft_deploy.reference.hf_adapter import gguf_to_hf_folder
+
+    out = WORK / "hf" / preset
+    if (out / "ready").is_file():
+        return out
+    gguf = assets.asset_path(MODELS[preset][0])
+    src, _ = gguf_to_hf_folder(gguf)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / "model.safetensors", out / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[config["model_type"]]
+    config["architectures"] = [arch]  # the builder dispatches on it; the GGUF config lacks it
+    config.pop("quantization_config", None)  # the weights are dequantised fp32 now
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(out))
+    (out / "ready").write_text("1")
+    return out
+
+
+def build_genai(preset: str, precision: str) -> dict[str, Any]:
+    """ONNX Runtime GenAI's builder on the HF folder; returns its wall seconds."""
+    out = WORK / "genai" / f"{preset}-{precision}"
+    if (out / "genai_config.json").is_file():
+        return json.loads((out / "build.json").read_text())
+    src = hf_folder(preset)
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", MODELS[preset][1],
+           "-i", str(src), "-o", str(out), "-p", precision, "-e", "cpu",
+           "-c", str(WORK / "genai_cache")]  # fmt: skip
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    facts = {"seconds": round(time.perf_counter() - t0, 1), "command": " ".join(cmd)}
+    (out / "build.json").write_text(json.dumps(facts))
+    return facts
+
+
+def export_ours(preset: str, precision: str) -> dict[str, Any]:
+    """Our fused graph of ``preset`` (``target.onnx`` + ``.ort``), every stage timed."""
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
+    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.verify import verify_artifact
+
+    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.reference.load import load_model
+
+    out = WORK / "ours" / f"{preset}-{precision}"
+    if (out / "stages.json").is_file():
+        return json.loads((out / "stages.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    spec, recipe, stages = get_preset(preset), get_recipe("onnx", precision), {}
+    t0 = time.perf_counter()
+    model = load_model(spec, max_seq_len=MAX_SEQ_LEN)
+    stages["load"] = time.perf_counter() - t0
+    info = graph_info(model, spec, file="target.onnx", quantization=precision, seq_len=None)
+    t0 = time.perf_counter()
+    export_onnx(model, out / info.file, info=info, recipe=recipe, fused=True)
+    stages["export"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if ort_format_blocker(out / info.file) is None:
+        convert_to_ort(out / info.file)
+    stages["ort_format"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    parity = verify_artifact(out / info.file, info, model, recipe)
+    stages["verify"] = time.perf_counter() - t0
+    stages = {k: round(v, 1) for k, v in stages.items()} | {"total": round(sum(stages.values()), 1)}
+    facts = {"stages_s": stages, "parity": parity}
+    (out / "stages.json").write_text(json.dumps(facts))
+    return facts
+
+
+def export_pte(preset: str) -> None:
+    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte as write_pte
+    from omnidraft_deploy.exporters.quantize import get_recipe
+
+    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.reference.load import load_model
+
+    path = WORK / "ours" / f"{preset}-fp32" / "target.pte"
+    if not path.is_file():
+        model = load_model(get_preset(preset), max_seq_len=MAX_SEQ_LEN)
+        write_pte(model, path, recipe=get_recipe("xnnpack", "fp32"), eos_ids=(0,))
+
+
+# ---- engines (run inside worker processes) -------------------------------------------------
+
+
+class Ours:
+    """Our runtime: ``OrtModel`` over the fused graph (IOBinding, caches shared in place)."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import onnx
+
+        from omnidraft_deploy.manifest import GraphInfo
+
+        meta = {
+            p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props
+        }
+        info = GraphInfo(**json.loads(meta["omnidraft.graph_info"]))
+        if path.suffix == ".pte":
+            from omnidraft_deploy.runtime.executorch_model import PteModel
+
+            self.model: Any = PteModel(path, info)
+        else:
+            from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+            self.model = OrtModel(path, info, threads=threads)
+
+    def logits(self, ids: list[int], start: int) -> np.ndarray:
+        import torch
+
+        return self.model.forward(torch.tensor(ids), start).numpy()
+
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        tok = int(self.logits(prompt, 0)[-1].argmax())
+        out, t0 = [tok], time.perf_counter()
+        for i in range(n - 1):
+            tok = int(self.logits([tok], len(prompt) + i)[-1].argmax())
+            out.append(tok)
+        return out, time.perf_counter() - t0
+
+    def call(self, ids: list[int], start: int) -> float:
+        t0 = time.perf_counter()
+        self.logits(ids, start)
+        return time.perf_counter() - t0
+
+
+class GenAI:
+    """ONNX Runtime GenAI: ``append_tokens`` (prefill / verify), ``generate_next_token``."""
+
+    def __init__(self, folder: Path, threads: int) -> None:
+        import onnxruntime_genai as og
+
+        cfg = json.loads((folder / "genai_config.json").read_text())
+        opts = cfg["model"]["decoder"].setdefault("session_options", {})
+        opts["intra_op_num_threads"] = threads
+        (folder / "genai_config.json").write_text(json.dumps(cfg, indent=2))
+        self.og, self.model = og, og.Model(str(folder))
+
+    def _gen(self, prompt: list[int]) -> Any:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=MAX_SEQ_LEN, do_sample=False)
+        gen = self.og.Generator(self.model, params)
+        gen.append_tokens(prompt)
+        return gen
+
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        gen = self._gen(prompt)
+        gen.generate_next_token()  # picks from the prefill's logits (ours: the prefill call)
+        out, t0 = [int(gen.get_next_tokens()[0])], time.perf_counter()
+        for _ in range(n - 1):
+            gen.generate_next_token()  # one forward of the last token + greedy pick
+            out.append(int(gen.get_next_tokens()[0]))
+        return out, time.perf_counter() - t0
+
+    def call(self, ids: list[int], start: int) -> float:
+        if start == 0:
+            t0 = time.perf_counter()
+            self._gen(ids)
+            return time.perf_counter() - t0
+        if getattr(self, "_ctx", None) != start:
+            self._g, self._ctx = self._gen(list(range(3, 3 + start))), start
+        self._g.rewind_to(start)
+        t0 = time.perf_counter()
+        self._g.append_tokens(ids)
+        return time.perf_counter() - t0
+
+
+def _worker(kind: str, path: str, threads: int, conn: Any) -> None:
+    engine = Ours(Path(path), threads) if kind != "genai" else GenAI(Path(path), threads)
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        op, args = msg
+        if op == "decode":
+            conn.send(engine.decode(*args))
+        elif op == "call":
+            ids, start, reps = args
+            conn.send(sorted(engine.call(ids, start) for _ in range(reps))[reps // 2])
+    conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # MiB
+
+
+# ---- driver ---------------------------------------------------------------------------------
+
+
+def engines_for(preset: str, precision: str) -> dict[str, tuple[str, Path]]:
+    """name -> (worker kind, artifact) of what exists for (preset, precision)."""
+    ours = WORK / "ours" / f"{preset}-{precision}"
+    found = {
+        "ours (onnx)": ("ours", ours / "target.onnx"),
+        "ort-genai": ("genai", WORK / "genai" / f"{preset}-{precision}"),
+        "ours (executorch)": ("ours", ours / "target.pte"),
+    }
+    return {k: v for k, v in found.items() if v[1].exists()}
+
+
+def time_group(preset: str, precision: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Round-robin timing of every engine of (preset, precision); one worker process each."""
+    ctx = mp.get_context("spawn")
+    workers = {}
+    for name, (kind, path) in engines_for(preset, precision).items():
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(kind, str(path), args.threads, child))
+        proc.start()
+        assert parent.recv() == "ready"
+        workers[name] = (proc, parent)
+    prompt = [(i * 7919) % 1000 + 100 for i in range(args.context)]
+    load_before = round(os.getloadavg()[0], 2)
+    rows: dict[str, dict[str, Any]] = {
+        n: {"decode": [], "prefill": [], "verify": {}} for n in workers
+    }
+    for _ in range(args.rounds):
+        for name, (_, conn) in workers.items():
+            r = rows[name]
+            conn.send(("decode", (prompt, args.decode)))
+            tokens, secs = conn.recv()
+            r["decode"].append((args.decode - 1) / secs)
+            r["greedy_tokens"] = tokens
+            conn.send(("call", (prompt[:1] * args.prefill, 0, 1)))
+            r["prefill"].append(args.prefill / conn.recv())
+            for t in VERIFY_T:
+                conn.send(("call", (prompt[:t], args.context, args.reps)))
+                r["verify"].setdefault(t, []).append(1e3 * conn.recv())
+    for name, (proc, conn) in workers.items():
+        conn.send(None)
+        rows[name]["peak_rss_mb"] = round(conn.recv(), 1)
+        proc.join()
+    load = f"{load_before}-{round(os.getloadavg()[0], 2)}"
+    out = {n: summarise(r) | {"load": load} for n, r in rows.items()}
+    base = out.get("ort-genai", {}).get("greedy_tokens")
+    for e in out.values():  # greedy decode of the same prompt: common prefix with GenAI's
+        e["same_tokens_as_genai"] = common_prefix(e["greedy_tokens"], base or [])
+    return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def summarise(r: dict[str, Any]) -> dict[str, Any]:
+    med = lambda xs: round(float(np.median(xs)), 2)  # noqa: E731
+    return {
+        "decode_tok_s": med(r["decode"]),
+        "prefill_tok_s": med(r["prefill"]),
+        "verify_ms": {t: med(v) for t, v in r["verify"].items()},
+        "peak_rss_mb": r["peak_rss_mb"],
+        "greedy_tokens": r["greedy_tokens"],
+    }
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Exports and builds every (model, precision); returns their timings (cached)."""
+    facts: dict[str, Any] = {}
+    for preset in args.models:
+        hf_folder(preset)
+        for precision in args.precisions:
+            key = f"{preset}/{precision}"
+            log.info("%s: our export", key)
+            facts[key] = {"ours": export_ours(preset, precision)}
+            log.info("%s: ORT GenAI build", key)
+            facts[key]["genai"] = build_genai(preset, precision)
+        if args.pte:
+            export_pte(preset)
+    return facts
+
+
+def write_report(result: dict[str, Any], out: Path) -> None:
+    from omnidraft_deploy.manifest import write_text_atomic
+
+    write_text_atomic(out.with_suffix(".json"), json.dumps(result, indent=2))
+    lines = [
+        "# Runtime speed: our ONNX graphs vs ONNX Runtime GenAI vs ExecuTorch",
+        "",
+        f"Command: `{result['command']}`; threads {result['threads']}; load average before / "
+        f"after: {result['load_before']} / {result['load_after']}. Medians of {result['rounds']} "
+        "round-robin rounds; ratios are what this run shows (the machine is shared).",
+        "",
+        "| model | precision | engine | decode tok/s | x GenAI | prefill tok/s | verify T=1 / 5 / 8 ms "
+        "| peak RSS MiB | greedy = GenAI | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, engines in result["groups"].items():
+        base = engines.get("ort-genai", {}).get("decode_tok_s")
+        for name, e in engines.items():
+            ratio = f"{e['decode_tok_s'] / base:.2f}" if base else "-"
+            v = e["verify_ms"]
+            lines.append(
+                f"| {key.replace('/', ' | ')} | {name} | {e['decode_tok_s']} | {ratio} | "
+                f"{e['prefill_tok_s']} | {v[1]} / {v[5]} / {v[8]} | {e['peak_rss_mb']} | "
+                f"{e['same_tokens_as_genai']}/{len(e['greedy_tokens'])} | {e['load']} |"
+            )
+    lines += ["", "## Verify-call latency (ms) by T", "", "| model/precision | engine | "
+              + " | ".join(f"T={t}" for t in VERIFY_T) + " |", "|---|---|" + "---|" * len(VERIFY_T)]  # fmt: skip
+    for key, engines in result["groups"].items():
+        for name, e in engines.items():
+            cells = " | ".join(str(e["verify_ms"][t]) for t in VERIFY_T)
+            lines.append(f"| {key} | {name} | {cells} |")
+    lines += ["", "## Export time (s)", "", "| model/precision | ours: load / export / .ort / "
+              "verify / total | GenAI builder |", "|---|---|---|"]  # fmt: skip
+    for key, f in result.get("builds", {}).items():
+        s = f["ours"]["stages_s"]
+        lines.append(
+            f"| {key} | {s['load']} / {s['export']} / {s['ort_format']} / {s['verify']} / "
+            f"**{s['total']}** | {f['genai']['seconds']} |"
+        )
+    write_text_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    plot(result, out.with_suffix(".png"))
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = result["groups"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = sorted({n for g in groups.values() for n in g})
+    width = 0.8 / max(1, len(names))
+    for j, name in enumerate(names):
+        vals = [g.get(name, {}).get("decode_tok_s", 0) for g in groups.values()]
+        axes[0].bar(np.arange(len(groups)) + j * width, vals, width, label=name)
+    axes[0].set_xticks(np.arange(len(groups)) + 0.4 - width / 2, list(groups), rotation=20)
+    axes[0].set_ylabel("1-token decode tok/s")
+    axes[0].legend()
+    for key, g in groups.items():
+        for name, e in g.items():
+            axes[1].plot(VERIFY_T, [e["verify_ms"][t] for t in VERIFY_T], marker="o",
+                         label=f"{key} {name}")  # fmt: skip
+    axes[1].set_xlabel("tokens per call (T)")
+    axes[1].set_ylabel("verify-call latency ms")
+    axes[1].set_yscale("log")
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("command", choices=["prepare", "time"])
+    p.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS))
+    p.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
+    p.add_argument("--pte", action="store_true", help="prepare: also our ExecuTorch .pte (fp32)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--decode", type=int, default=24)
+    p.add_argument("--prefill", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("reports/runtime_speed"))
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.command == "prepare":
+        print(json.dumps(prepare(args), indent=2))
+        return
+    result: dict[str, Any] = {
+        "command": " ".join(sys.argv), "threads": args.threads, "rounds": args.rounds,
+        "load_before": os.getloadavg()[0], "groups": {}, "builds": {},
+    }  # fmt: skip
+    for preset in args.models:
+        for precision in args.precisions:
+            key = f"{preset}/{precision}"
+            log.info("timing %s", key)
+            result["groups"][key] = time_group(preset, precision, args)
+            stages = WORK / "ours" / f"{preset}-{precision}" / "stages.json"
+            build = WORK / "genai" / f"{preset}-{precision}" / "build.json"
+            if stages.is_file() and build.is_file():
+                result["builds"][key] = {
+                    "ours": json.loads(stages.read_text()),
+                    "genai": json.loads(build.read_text()),
+                }
+    result["load_after"] = os.getloadavg()[0]
+    write_report(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -105,6 +105,8 @@ def cmd_run(a: argparse.Namespace) -> None:
         return out, st.wall_s, st
 
     methods: dict[str, Any] = {"ours_target": ours_target}
+    for quant in filter(None, a.also_target.split(",")):  # absolute-speed reference rows
+        methods[f"ours_{quant}_target"] = _target_only(quant, a.threads, cfg)
     methods |= op.spec_methods(target, lms, loaded, cfg, k_max=a.k_max,
                                hybrid=tuple(a.hybrid.split(",")) if a.hybrid else (),
                                heuristic=tuple(a.heuristic.split(",")) if a.heuristic else ())  # fmt: skip
@@ -126,6 +128,18 @@ def cmd_run(a: argparse.Namespace) -> None:
     chunks.mkdir(parents=True, exist_ok=True)
     write_text_atomic(chunks / f"{a.tasks.replace(',', '+')}.json", json.dumps(out, indent=1))
     log.info("chunk %s done; load %s -> %s", a.tasks, load0, meta["load_avg_end"])
+
+
+def _target_only(quant: str, threads: int, cfg: Any) -> Any:
+    """Target-only decoding on another target graph (e.g. int8: faster, not batch-invariant)."""
+    path, info, _ = op.verify_graph(op.TARGET, "target", quant)
+    graph = op.ort_graph(path, info, threads)
+
+    def run(ids: list[int]) -> tuple[list[int], float, Any]:
+        out, st = rp.generate_target_only(graph, ids, cfg)
+        return out, st.wall_s, st
+
+    return run
 
 
 def _hf_methods(cfg: Any, threads: int) -> dict[str, Any]:
@@ -177,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--k-max", type=int, default=8)
     p.add_argument("--hybrid", default="smollm2,ee8_offline", help="drafters also run with lookup")
     p.add_argument("--heuristic", default="smollm2", help="drafters also run with +2/-1, k=4")
+    p.add_argument("--also-target", default="int8", help="target-only rows on other graphs")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--chunk-dir", default=str(CHUNKS), help="where the chunk's JSON goes")

@@ -32,7 +32,7 @@ def _agg(
     }  # fmt: skip
     if genai:
         out["speedup_vs_genai"] = sum(genai[r["prompt"]] for r in rows) / wall if wall else 0.0
-    if rows and "proposed" in rows[0] and rows[0]["method"] != "ours_target":
+    if rows and "proposed" in rows[0] and not rows[0]["method"].endswith("_target"):
         s = {k: sum(float(r.get(k, 0)) for r in rows) for k in
              ("proposed", "accepted", "n_generated", "target_calls", "drafter_calls")}  # fmt: skip
         out["acceptance"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
@@ -92,7 +92,7 @@ FLOOR = 0.95
 def best_configuration(summ: dict[str, Any]) -> str | None:
     """The speculative configuration with the highest overall speedup among those whose outputs
     are all identical to our ORT target-only (None if there is none)."""
-    ok = [m for m, per in summ.items() if m.startswith("ours_") and m != "ours_target"
+    ok = [m for m, per in summ.items() if m.startswith("ours_") and not m.endswith("_target")
           and per["overall"]["identical"]]  # fmt: skip
     return max(ok, key=lambda m: summ[m]["overall"]["speedup"], default=None)
 
@@ -212,7 +212,7 @@ def _markdown(
         lines.append("")
         for m, per in summ.items():
             a = per.get(t)
-            if a and m.startswith("ours_") and m != "ours_target" and a["speedup"] < 1.0:
+            if a and m.startswith("ours_") and not m.endswith("_target") and a["speedup"] < 1.0:
                 lines.append(
                     f"- {m} below 1.0x on {t}: {limiting_term(m, a, profs.get(_drafter_of(m)))}"
                 )

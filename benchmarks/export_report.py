@@ -45,9 +45,12 @@ def _folder_bytes(folder: Path) -> dict[str, int]:
 
 
 def run_config(
-    model: Any, spec: ModelSpec, backend: str, quant: str, prompts: list[list[int]]
+    model: Any, spec: ModelSpec, backend: str, quant: str, prompts: list[list[int]], htp: bool
 ) -> dict[str, Any]:
-    """Export + reload + parity of one (backend, quantization); errors are recorded, not raised."""
+    """Export + reload + parity of one (backend, quantization); errors are recorded, not raised.
+
+    ``htp``: qnn graphs are also run on the simulated HTP (CPU fallback disabled) for parity.
+    """
     recipe = get_recipe(backend, quant)
     row: dict[str, Any] = {"model": spec.name, "backend": backend, "quantization": quant}
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,6 +79,12 @@ def run_config(
         result = parity(artifact, eager_step(model), prompts)
         row["verify_s"] = round(time.perf_counter() - t1, 1)
         row["parity"] = result
+        if htp and backend == "qnn":
+            from omnidraft_deploy.exporters.qnn import htp_step
+
+            t2 = time.perf_counter()
+            row["htp_parity"] = parity(htp_step(path, info), eager_step(model), prompts)
+            row["htp_verify_s"] = round(time.perf_counter() - t2, 1)
         row["tolerance"], row["min_top1"] = recipe.tolerance, recipe.min_top1
         row["passed"] = (result["max_abs_logit_diff"] <= recipe.tolerance
                          and result["top1_agreement"] >= recipe.min_top1)  # fmt: skip
@@ -83,12 +92,26 @@ def run_config(
     return row
 
 
+def _placement(row: dict[str, Any]) -> str:
+    """XNNPACK delegated/not nodes; QNN: share on the HTP and the HTP run's own parity."""
+    if cov := row.get("op_coverage"):
+        return f"XNNPACK {cov['delegated_nodes']}/{cov['non_delegated_nodes']} nodes"
+    if "htp_cpu_nodes" not in row:
+        return "-"
+    cpu = row["htp_cpu_nodes"]
+    text = "HTP 100 %" if not cpu else f"{len(cpu)} nodes off the HTP"
+    text += f", lm_head in {row['lm_head_chunks']} chunks"
+    if hp := row.get("htp_parity"):
+        text += f"; on HTP: diff {hp['max_abs_logit_diff']:.3g}, top-1 {hp['top1_agreement']:.3f}"
+    return text
+
+
 def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Export report", "",
         f"torch {meta['torch']}, {meta['threads']} threads, max_seq_len {meta['max_seq_len']}, "
         f"{meta['prompts']} prompts per model; parity over prefill + 3 steps + rollback.", "",
-        "| model | backend | quant | graph MB | export s | peak RSS MB | max abs diff | max logit | top-1 | pass | XNNPACK nodes (delegated/not) |",
+        "| model | backend | quant | graph MB | export s | peak RSS MB | max abs diff | max logit | top-1 | pass | placement |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in rows:
@@ -97,8 +120,7 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"| {r['model']} | {r['backend']} | {r['quantization']} | failed: {r['error'][:120]} |||||||"
             )
             continue
-        p, cov = r["parity"], r.get("op_coverage")
-        nodes = f"{cov['delegated_nodes']}/{cov['non_delegated_nodes']}" if cov else "-"
+        p, nodes = r["parity"], _placement(r)
         lines.append(
             f"| {r['model']} | {r['backend']} | {r['quantization']} | {r['graph_bytes'] / 2**20:.1f} "
             f"| {r['export_s']} | {r['export_peak_rss_mb']} | {p['max_abs_logit_diff']:.3g} "
@@ -120,6 +142,7 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="reports/export_report")
+    ap.add_argument("--htp", action="store_true", help="qnn: also measure parity on the HTP")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(args.threads)
@@ -142,7 +165,7 @@ def main() -> None:
         prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=3, limit=24)
         for cfg in args.configs.split(","):
             backend, quant = cfg.split(":")
-            rows.append(run_config(model, spec, backend, quant, prompts))
+            rows.append(run_config(model, spec, backend, quant, prompts, args.htp))
             out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a crash
             write_text_atomic(
                 out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=2)

@@ -18,12 +18,19 @@ from omnidraft_deploy.manifest import GraphInfo
 
 
 def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
-    """Token ids of the shipped prompt set (math, code, chat, summarisation), real tokenizer."""
+    """Token ids of real text held out from verification: the real-pair prompt set (math, code,
+    chat, summarisation) minus every prompt of the shipped set that parity is measured on."""
+    import json
+    from importlib import resources
+
     from omnidraft_deploy.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
+    data = resources.files("omnidraft_deploy").joinpath("data/real_pair_prompts.json")
+    shipped = {p.text for p in load_prompts()}
+    texts = [p["text"] for p in json.loads(data.read_text("utf-8")) if p["text"] not in shipped]
     tok = load_tokenizer(tokenizer)
-    return [tok.encode(p.text)[:limit] for p in load_prompts()]
+    return [tok.encode(text)[:limit] for text in texts]
 
 
 def step_feeds(

@@ -4,12 +4,13 @@ Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> c
 prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
 uint8 per-channel weights; uint16 (``qdq-a16w8``, default) or uint8 (``qdq-u8``) activations in
 QDQ format, what the Hexagon HTP runs; real LLM activations have outlier channels that uint8
-cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``, and with ``qdq-a16w8`` the HTP
-simulator refuses its 576x49152 lm_head MatMul inside the full graph, though it takes the same
-MatMul alone: open, see reports/export_report_quant.md) ->
+cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``). Before quantisation the
+lm_head becomes constant vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced,
+it was a Transpose of the table, quantised as a uint16 activation the HTP refused) ->
 serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
-operator the NPU cannot take fails here and is reported by name. On x86 ``onnxruntime-qnn``
-simulates the HTP. There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
+operator the NPU cannot take fails here and is reported by name; the EPContext dump must hold
+nothing but EPContext nodes (100 % HTP placement). On x86 ``onnxruntime-qnn`` simulates the HTP.
+There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from omnidraft_deploy.exporters.calibration import (
     step_feeds,
 )
 from omnidraft_deploy.exporters.onnx import export_onnx, set_metadata
+from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
+from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import htp_session
+from omnidraft_deploy.parity import StepFn
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ def export_qnn(
         fp32 = export_onnx(model, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
         graph = onnx.load(str(fp32))
         extras["reciprocal_to_div"] = reciprocal_to_div(graph)
+        extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
         onnx.save(graph, str(fp32))
         calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
         feeds = step_feeds(fp32, info, calib)
@@ -77,6 +82,30 @@ def export_qnn(
         with tempfile.TemporaryDirectory() as tmp:
             session = htp_session(path, context=Path(tmp) / "ctx.onnx")
             extras["htp_context_bytes"] = sum(f.stat().st_size for f in Path(tmp).iterdir())
+            extras["htp_cpu_nodes"] = nodes_outside_htp(Path(tmp) / "ctx.onnx")
         extras["htp_providers"] = session.get_providers()
         extras["htp_validated"] = True
     return extras
+
+
+def nodes_outside_htp(context: Path) -> list[str]:
+    """``"OpType (name)"`` of every node of an EPContext dump that is not an HTP context binary:
+    empty means the whole graph runs on the HTP (CPU fallback was disabled, so it must be)."""
+    import onnx
+
+    graph = onnx.load(str(context), load_external_data=False).graph
+    return [f"{n.op_type} ({n.name})" for n in graph.node if n.op_type != "EPContext"]
+
+
+def htp_step(path: Path, info: GraphInfo) -> StepFn:
+    """A ``parity.StepFn`` running ``path`` on the (simulated) HTP, CPU fallback disabled: what
+    the NPU computes in integers, where ``verify.artifact_step`` runs the QDQ graph in float."""
+    import torch
+
+    graph = ExplicitCacheGraph(htp_session(path), info)
+
+    def step(token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        pos = contiguous_positions(start_pos, len(token_ids))
+        return torch.from_numpy(graph.run(token_ids.numpy()[None], pos))
+
+    return step

@@ -71,6 +71,8 @@ def test_export_is_qdq_and_compiles_for_htp(qdq: tuple[Transformer, Path, GraphI
     assert extras["htp_validated"] and extras["htp_providers"][0] == "QNNExecutionProvider"
     assert extras["calibration_steps"] == 6 * (16 // T)
     assert extras["htp_context_bytes"] > 0
+    assert extras["htp_cpu_nodes"] == []  # 100 % of the graph inside HTP context binaries
+    assert extras["lm_head_chunks"] == 1  # 64 columns <= DEFAULT_MAX_COLS
     assert extras["reciprocal_to_div"] == 2 * 2 + 1  # every RMSNorm (2 per layer + final)
     assert "Reciprocal" not in ops
     dims = {

@@ -1,0 +1,42 @@
+"""The real SmolLM2-135M exports for the QNN HTP: 100 % placement, CPU fallback disabled (slow).
+
+``export_qnn`` compiles the QDQ graph on the HTP (simulated by onnxruntime-qnn on x86) with
+``session.disable_cpu_ep_fallback``, writes the EPContext model and reports every node outside the
+HTP context binaries (``htp_cpu_nodes``); the lm_head goes in as constant vocabulary chunks
+(``exporters.qnn_lm_head``). Placement only: the accuracy of this recipe on SmolLM2 is open (top-1
+0.04, the strict xfail in ``test_real_export.py``). About 30 minutes on 2 busy cores (fp32 trace,
+calibration on held-out real text, quantisation 18 min, HTP compile 5 min: load 12-24).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from omnidraft_deploy.presets import get_preset
+
+PRESET = "smollm2-135m"
+
+
+@pytest.mark.slow
+def test_smollm2_qnn_a16w8_compiles_fully_for_the_htp(
+    require_asset: Callable[[str], Path], tmp_path: Path
+) -> None:
+    pytest.importorskip("onnxruntime_qnn")
+    require_asset("smollm2-135m-gguf")
+    from omnidraft_deploy.exporters import get_exporter
+    from omnidraft_deploy.exporters.quantize import get_recipe
+
+    from omnidraft_deploy.reference.load import load_model
+
+    spec, recipe = get_preset(PRESET), get_recipe("qnn", "qdq-a16w8")
+    model = load_model(spec, max_seq_len=128)
+    info, facts = get_exporter("qnn")(
+        model, spec, tmp_path, role="target", recipe=recipe, draft_len=4, eos_ids=(2,)
+    )
+    assert facts["htp_validated"] and facts["htp_providers"][0] == "QNNExecutionProvider"
+    assert facts["htp_cpu_nodes"] == []  # every node inside an HTP context binary
+    assert facts["htp_context_bytes"] > 0 and facts["lm_head_chunks"] == 6
+    assert info.seq_len == 5 and (tmp_path / info.file).stat().st_size > 100 * 2**20

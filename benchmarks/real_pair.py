@@ -114,20 +114,22 @@ def cmd_run(a: argparse.Namespace) -> None:
         methods["genai_target"] = _genai_method(a.threads, a.max_new_tokens)
     if not a.no_hf:
         methods |= _hf_methods(cfg, a.threads)
-    prompts = _prompts(tok, set(a.tasks.split(",")))
     load_s = time.perf_counter() - t0
-    res = rp.run_side_by_side(methods, prompts, repeats=a.repeats, warmup=True)
-    meta = {"tasks": a.tasks, "threads": a.threads, "target_quant": a.target_quant,
-            "drafter_quant": a.drafter_quant, "max_new_tokens": a.max_new_tokens,
-            "repeats": a.repeats, "load_s": round(load_s, 1), "load_avg_start": load0,
-            "load_avg_end": os.getloadavg(), "utc_end": time.strftime("%H:%M:%S", time.gmtime()),
-            "command": " ".join(sys.argv), "graph_parity": parity}  # fmt: skip
-    out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in loaded.items()},
-           "rows": res.rows}  # fmt: skip
-    chunks = Path(a.chunk_dir)
-    chunks.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(chunks / f"{a.tasks.replace(',', '+')}.json", json.dumps(out, indent=1))
-    log.info("chunk %s done; load %s -> %s", a.tasks, load0, meta["load_avg_end"])
+    profs = {n: json.loads(p.to_json()) for n, p in loaded.items()}
+    for i, task in enumerate(a.tasks.split(",")):  # one chunk file per task: partial runs count
+        start, utc0 = os.getloadavg(), time.strftime("%H:%M:%S", time.gmtime())
+        res = rp.run_side_by_side(methods, _prompts(tok, {task}), repeats=a.repeats, warmup=i == 0)
+        meta = {"tasks": task, "threads": a.threads, "target_quant": a.target_quant,
+                "drafter_quant": a.drafter_quant, "max_new_tokens": a.max_new_tokens,
+                "repeats": a.repeats, "load_s": round(load_s, 1), "load_avg_start": start,
+                "load_avg_run_start": load0, "utc_start": utc0, "load_avg_end": os.getloadavg(),
+                "utc_end": time.strftime("%H:%M:%S", time.gmtime()),
+                "command": " ".join(sys.argv), "graph_parity": parity}  # fmt: skip
+        chunks = Path(a.chunk_dir)
+        chunks.mkdir(parents=True, exist_ok=True)
+        out = {"meta": meta, "profiles": profs, "rows": res.rows}
+        write_text_atomic(chunks / f"{i}-{task}.json", json.dumps(out, indent=1))
+        log.info("task %s done; load %s -> %s", task, start, meta["load_avg_end"])
 
 
 def _target_only(quant: str, threads: int, cfg: Any) -> Any:

@@ -1,0 +1,168 @@
+"""Where quantisation loses a real model's top-1: fake-quantised eager probes (minutes, no export).
+
+    .venv/bin/python benchmarks/quant_probe.py --study int4     # which linears int4 can touch
+    .venv/bin/python benchmarks/quant_probe.py --study a16      # what uint16 activations break
+    .venv/bin/python benchmarks/quant_probe.py --study xnnpack  # 8da8w / 8da4w in eager
+
+Teacher-forced top-1 agreement with the fp32 eager model over the shipped prompts (first 24
+tokens each, ``exporters.verify.prompt_ids``); weights dequantised in place (what MatMulNBits
+computes, up to its int8 activation rounding). ``a16`` fake-quantises the input of every RMSNorm
+(the residual stream) to 16 bits over the range calibrated on held-out text and, optionally,
+RMSNorm's ``x^2`` as the decomposed QDQ graph does; ``rotate`` first folds the norm weights into
+the next linears and turns the residual stream by a seeded orthogonal matrix (exact in fp32).
+Writes ``reports/quant_probe_<study>_<model>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from omnidraft_deploy.exporters.calibration import calibration_prompts
+from omnidraft_deploy.exporters.verify import prompt_ids
+from torch import Tensor, nn
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference import model as ref_model
+from omnidraft_deploy.reference.load import load_model
+
+
+def int4_rtn(w: Tensor, block: int) -> Tensor:
+    """Asymmetric min/max int4 per block of ``block`` inputs, dequantised: ``w (N, K)``."""
+    n, k = w.shape
+    wb = w.view(n, k // block, block)
+    lo, hi = wb.amin(-1).clamp(max=0), wb.amax(-1).clamp(min=0)
+    s = ((hi - lo) / 15).clamp(min=1e-8)
+    zp = torch.round(-lo / s).clamp(0, 15)
+    q = (torch.round(wb / s[..., None]) + zp[..., None]).clamp(0, 15)
+    return ((q - zp[..., None]) * s[..., None]).view(n, k)
+
+
+def fake_quant(x: Tensor, bound: float, bits: int = 16, lo: float | None = None) -> Tensor:
+    lo = -bound if lo is None else lo
+    s = (bound - lo) / (2**bits - 1)
+    return torch.round((x.clamp(lo, bound) - lo) / s) * s + lo
+
+
+def top1(model: nn.Module, prompts: list[list[int]], ref: list[Tensor]) -> float:
+    agree = rows = 0
+    with torch.no_grad():
+        for p, r in zip(prompts, ref, strict=True):
+            out = model.forward_train(torch.tensor([p]))[0]
+            agree += int((out.argmax(-1) == r.argmax(-1)).sum())
+            rows += len(p)
+    return agree / rows
+
+
+def int4_rows(
+    model: nn.Module, prompts: list[list[int]], ref: list[Tensor], _tok: str
+) -> list[str]:
+    """int4 (block 32) on one kind of linear at a time, then on all of them (lm_head kept)."""
+    kinds = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    rows = []
+    for pick in [[k] for k in kinds] + [kinds]:
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, mod in m.named_modules():
+                if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in pick:
+                    mod.weight.data = int4_rtn(mod.weight.data.float(), 32)
+        rows.append(f"| int4 {'+'.join(pick) if len(pick) == 1 else 'all body linears'} "
+                    f"| {top1(m, prompts, ref):.3f} |")  # fmt: skip
+    return rows
+
+
+def rotate(model: nn.Module) -> None:
+    """Fold RMSNorm weights into the following linears and rotate the residual stream by Q."""
+    d = model.args.dim
+    gen = torch.Generator().manual_seed(0)
+    q = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0].float()
+    inner = model.model
+    with torch.no_grad():
+        head = model.lm_head.weight.detach() * inner.norm.weight[None, :]
+        model.lm_head.weight = nn.Parameter(head @ q)
+        inner.embed_tokens.weight = nn.Parameter(inner.embed_tokens.weight.detach() @ q)
+        inner.norm.weight.fill_(1.0)
+        for layer in inner.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            for norm, lins in ((layer.input_layernorm, (at.q_proj, at.k_proj, at.v_proj)),
+                               (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj))):  # fmt: skip
+                for lin in lins:
+                    lin.weight.copy_(lin.weight * norm.weight[None, :] @ q)
+                norm.weight.fill_(1.0)
+            for lin in (at.o_proj, mlp.down_proj):
+                lin.weight.copy_(q.T @ lin.weight)
+
+
+def a16_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str) -> list[str]:
+    calib = calibration_prompts(tok, limit=48)
+    orig = ref_model.RMSNorm.forward
+    rows = []
+    for rotated in (False, True):
+        m = copy.deepcopy(model)
+        if rotated:
+            rotate(m)
+        seen = [0.0]
+
+        def record(
+            self: nn.Module, x: Tensor, _o: Callable = orig, _s: list[float] = seen
+        ) -> Tensor:
+            _s[0] = max(_s[0], float(x.abs().max()))
+            return _o(self, x)
+
+        ref_model.RMSNorm.forward = record  # type: ignore[method-assign]
+        with torch.no_grad():
+            for p in calib:
+                m.forward_train(torch.tensor([p]))
+        bound = seen[0]
+        for square in (True, False):
+
+            def fq(self: nn.Module, x: Tensor, _b: float = bound, _sq: bool = square) -> Tensor:
+                x32 = fake_quant(x.float(), _b)
+                ms = x32.pow(2)
+                ms = fake_quant(ms, _b**2, lo=0.0) if _sq else ms
+                return self.weight * (x32 * torch.rsqrt(ms.mean(-1, keepdim=True) + self.eps))
+
+            ref_model.RMSNorm.forward = fq  # type: ignore[method-assign]
+            what = "residual + x^2" if square else "residual only (fused RmsNorm)"
+            rows.append(f"| {'rotated' if rotated else 'plain'}: {what}, range +-{bound:.4g} "
+                        f"| {top1(m, prompts, ref):.3f} |")  # fmt: skip
+        ref_model.RMSNorm.forward = orig  # type: ignore[method-assign]
+    return rows
+
+
+def xnnpack_rows(
+    model: nn.Module, prompts: list[list[int]], ref: list[Tensor], _tok: str
+) -> list[str]:
+    from omnidraft_deploy.exporters.quantize import get_recipe, quantize_eager
+
+    return [f"| xnnpack {name} (torchao, eager) | "
+            f"{top1(quantize_eager(model, get_recipe('xnnpack', name)), prompts, ref):.3f} |"
+            for name in ("8da8w", "8da4w")]  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--study", choices=["int4", "a16", "xnnpack"], required=True)
+    ap.add_argument("--model", default="smollm2-135m")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    spec = get_preset(args.model)
+    model = load_model(spec, max_seq_len=256)
+    prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=12, limit=24)
+    with torch.no_grad():
+        ref = [model.forward_train(torch.tensor([p]))[0] for p in prompts]
+    study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows}[args.study]
+    lines = [f"# Quantisation probe: {args.study}, {args.model}", "",
+             f"`benchmarks/quant_probe.py --study {args.study}`; teacher-forced top-1 vs fp32 "
+             f"eager, {len(prompts)} shipped prompts, {sum(map(len, prompts))} rows.", "",
+             "| variant | top-1 |", "|---|---|", *study(model, prompts, ref, spec.tokenizer), ""]  # fmt: skip
+    out = Path(f"reports/quant_probe_{args.study}_{args.model}.md")
+    out.write_text("\n".join(lines), "utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -86,7 +86,7 @@ def merge(old: dict[str, Any], new: dict[str, dict[str, Any]], run: dict[str, An
 
 def _markdown(merged: dict[str, Any]) -> str:
     cols = ["inputs", "accepted", "rejected", "crashes", "invalid_accepted", "kills",
-            "killed_mid_write", "bundles_missing", "partial_validated", "junk_after_next_run",
+            "killed_mid_write", "finished_before_kill", "bundles_missing", "partial_validated", "junk_after_next_run",
             "seconds", "run"]  # fmt: skip
     lines = ["# Reliability: fuzzing and SIGKILL runs (long mode)", "",
              "| target | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]  # fmt: skip
@@ -99,10 +99,12 @@ def _markdown(merged: dict[str, Any]) -> str:
         lines.append(f"- {name}: " + "; ".join(
             f"{p} ({row.get('inputs', row.get('kills'))}, run {row['run']})"
             for p, row in parts.items()))  # fmt: skip
-    lines += ["", "Runs (the `run` column):", ""]
+    lines += ["", "Runs (the `run` column; a run whose parts were all rerun is superseded):", ""]
+    used = {row["run"] for parts in merged["parts"].values() for row in parts.values()}
     for i, r in enumerate(merged["runs"]):
         lines.append(f"{i}. `{r['command']}` ({r['date']}, {r['machine']}, load average "
-                     f"{r['load_before']} before, {r['load_after']} after)")  # fmt: skip
+                     f"{r['load_before']} before, {r['load_after']} after)"
+                     + ("" if i in used else " (superseded)"))  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -127,9 +129,12 @@ def reliability_report(request: pytest.FixtureRequest) -> Any:
     }
     path = REPORTS / "fuzz.json"
     REPORTS.mkdir(exist_ok=True)
-    with open(REPORTS / ".fuzz.lock", "w") as lock:  # parts may finish at the same time
+    lock = os.open(REPORTS, os.O_RDONLY)  # parts may finish at the same time
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = json.loads(path.read_text()) if path.is_file() else {"runs": [], "parts": {}}
         merged = merge(old, RESULTS, run)
         path.write_text(json.dumps(merged, indent=2) + "\n")
         (REPORTS / "fuzz.md").write_text(_markdown(merged))
+    finally:
+        os.close(lock)

@@ -93,13 +93,16 @@ CHILDREN = {
 }
 
 
-def run_child(
-    kind: str, target: Path, version: int, *, kill_after: float | None
-) -> tuple[float, bool, float | None]:
-    """Run one writer; SIGKILL it ``kill_after`` seconds in (None: let it finish).
+@dataclass(frozen=True)
+class ChildRun:
+    seconds: float  # wall
+    killed: bool  # SIGKILL landed on the running writer (False: it finished first)
+    mid_write: bool  # a temp file or staging folder of ours existed at the kill
+    write_start: float | None  # seconds until one first appeared (polled every 20 ms)
 
-    Returns (wall seconds, whether a temp file or staging folder of ours existed at the kill,
-    seconds until one first appeared: the start of the write, polled every 20 ms)."""
+
+def run_child(kind: str, target: Path, version: int, *, kill_after: float | None) -> ChildRun:
+    """Run one writer; SIGKILL it ``kill_after`` seconds in (None: let it finish)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -120,9 +123,10 @@ def run_child(
         mid_write = bool(ours_beside(target))  # a kill now lands inside the write
         proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate()
-    if kill_after is None and proc.returncode != 0:
+    killed = proc.returncode == -signal.SIGKILL
+    if not killed and proc.returncode != 0:
         raise RuntimeError(f"{kind} failed: {err.decode()[-2000:]}")
-    return time.perf_counter() - t0, mid_write, write_start
+    return ChildRun(time.perf_counter() - t0, killed, mid_write and killed, write_start)
 
 
 def ours_beside(target: Path) -> list[str]:
@@ -135,6 +139,7 @@ def ours_beside(target: Path) -> list[str]:
 class KillStats:
     kills: int = 0
     killed_mid_write: int = 0  # a temp file / staging folder of ours existed at the kill
+    finished_first: int = 0  # writers that finished before their kill instant (not kills)
     missing: int = 0  # the target held no whole version right after a kill
     partial_validated: int = 0
     junk_after_next_run: int = 0
@@ -151,29 +156,39 @@ def kill_loop(
     partial_validates: Callable[[Path], bool],
     seed: int = 0,
 ) -> KillStats:
-    """Write version 0 whole, then ``n_kills`` times: start version i, kill at a random instant,
-    check the target; finally one whole run and the junk check.
+    """Write version 0 whole, then until ``n_kills`` SIGKILLs have landed on a running writer:
+    start the next version, kill it at a random instant, check the target; finally one whole run
+    and the junk check.
 
-    Three kills in four land at a uniform instant of the write itself (from the first temp file
-    or staging folder of the whole run to its end; the real export spends most of its time
-    importing and tracing before it writes), the rest anywhere in the run."""
+    Three kills in four aim at a uniform instant of the write itself (from the first temp file
+    or staging folder to the end, as timed by the latest run that finished; the real export
+    spends most of its time importing and tracing before it writes), the rest anywhere in the
+    run. A writer that finishes before its instant (the machine got faster) is not counted as a
+    kill; its timing becomes the new estimate."""
     rng = random.Random(seed)
     stats = KillStats()
-    full, _, start = run_child(kind, target, 0, kill_after=None)  # the last good version
-    start = min(start if start is not None else 0.0, full)
-    for i in range(1, n_kills + 1):
+    version = seed * 100_000
+    first = run_child(kind, target, version, kill_after=None)  # the last good version
+    full, start = first.seconds, min(first.write_start or 0.0, first.seconds)
+    for _ in range(4 * n_kills + 10):
+        if stats.kills == n_kills:
+            break
         lo = start * 0.95 if rng.random() < 0.75 else 0.05
         delay = rng.uniform(lo, full * 1.05)
-        _, mid_write, _ = run_child(kind, target, seed * 100_000 + i, kill_after=delay)
-        stats.kills += 1
-        stats.killed_mid_write += mid_write
+        version += 1
+        run = run_child(kind, target, version, kill_after=delay)
+        if not run.killed:
+            stats.finished_first += 1
+            full, start = run.seconds, min(run.write_start or 0.0, run.seconds)
+        stats.kills += run.killed
+        stats.killed_mid_write += run.mid_write
         if not check(target):
             stats.missing += 1
-            stats.notes.append(f"kill {i} at {delay:.2f}s: {ours_beside(target)}")
+            stats.notes.append(f"version {version} at {delay:.2f}s: {ours_beside(target)}")
         for name in ours_beside(target):
             if partial_validates(target.parent / name):
                 stats.partial_validated += 1
-    run_child(kind, target, seed * 100_000 + n_kills + 1, kill_after=None)  # the next run
+    run_child(kind, target, version + 1, kill_after=None)  # the next run
     if not check(target):
         stats.missing += 1
     left = ours_beside(target)

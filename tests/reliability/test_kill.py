@@ -49,10 +49,12 @@ def _never(path: Path) -> bool:
     return False
 
 
-def _report(name: str, seed: int, s: KillStats) -> None:
-    record(name, part=f"seed {seed}", kills=s.kills, killed_mid_write=s.killed_mid_write, bundles_missing=s.missing, partial_validated=s.partial_validated,
+def _report(name: str, seed: int, n: int, s: KillStats) -> None:
+    record(name, part=f"seed {seed}", kills=s.kills, killed_mid_write=s.killed_mid_write,
+           finished_before_kill=s.finished_first, bundles_missing=s.missing, partial_validated=s.partial_validated,
            junk_after_next_run=s.junk_after_next_run, crashes=s.crashes)  # fmt: skip
     assert (s.missing, s.partial_validated, s.junk_after_next_run) == (0, 0, 0), s.notes
+    assert s.kills == n, f"only {s.kills} of {n} kills landed on a running writer"
 
 
 @pytest.mark.parametrize(
@@ -71,7 +73,7 @@ def test_kills_during_publish_and_saves_lose_nothing(
     partial = _bundle_ok if kind == "synthetic_export" else _never
     seed, n = kill_seed_and_count(quick, long)
     s = kill_loop(kind, target, n, check=check, partial_validates=partial, seed=seed)
-    _report(f"kill: {kind}", seed, s)
+    _report(f"kill: {kind}", seed, n, s)
 
 
 @pytest.mark.slow
@@ -82,7 +84,7 @@ def test_kills_during_real_export_and_weight_swap_lose_nothing(tmp_path: Path, k
     if kind == "weight_swap":
         from killing import run_child
 
-        run_child("export", target, 0, kill_after=None)
+        run_child("export", target, 0, kill_after=None)  # the bundle to publish into
     seed, n = kill_seed_and_count(2, 12)
     s = kill_loop(kind, target, n, check=_bundle_ok, partial_validates=_bundle_ok, seed=seed)
-    _report(f"kill: {kind} (tiny onnx)", seed, s)
+    _report(f"kill: {kind} (tiny onnx)", seed, n, s)

@@ -259,6 +259,15 @@ def test_odvm_rules_of_the_docstring_are_enforced(patch: dict[str, int], problem
         odvm.from_bytes(_odvm(**patch), source="vocab_map.bin")
 
 
+def test_odvm_reader_refuses_a_file_over_its_cap_unread(tmp_path: Path) -> None:
+    from omnidraft_deploy.vocab import io as odvm
+
+    p = tmp_path / "vocab_map.bin"
+    p.write_bytes(_odvm() + bytes(4096))
+    with pytest.raises(odvm.VocabMapFormatError, match="over the size cap of 1024 B"):
+        odvm.load(p, max_bytes=1024)
+
+
 # --- crash class 3: a graph file that is not a model ----------------------------------------------
 @pytest.mark.parametrize("junk", [b"", b"\x08\xff\xff\xff\xff\x0f", b"not a protobuf" * 99])
 def test_graph_file_that_is_not_a_model_is_named(tmp_path: Path, junk: bytes) -> None:

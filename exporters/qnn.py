@@ -3,10 +3,11 @@
 Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> calibrate (real
 prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
 uint8 per-channel weights; uint16 (``qdq-a16w8``, default) or uint8 (``qdq-u8``) activations in
-QDQ format, what the Hexagon HTP runs; real LLM activations have outlier channels that uint8
-cannot hold: SmolLM2-135M keeps no top-1 at all with ``qdq-u8``). Before quantisation the
-lm_head becomes constant vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced,
-it was a Transpose of the table, quantised as a uint16 activation the HTP refused) ->
+QDQ format, what the Hexagon HTP runs). Before quantisation the lm_head becomes constant
+vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
+table, quantised as a uint16 activation the HTP refused), and the residual stream with its
+RMSNorms is left in float, fp16 on the HTP (``qnn_mixed``: real LLMs' massive activations, 24k
+in SmolLM2-135M, do not fit one 16-bit scale per tensor: top-1 0.04 when quantised) ->
 serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
 operator the NPU cannot take fails here and is reported by name; the EPContext dump must hold
 nothing but EPContext nodes (100 % HTP placement). On x86 ``onnxruntime-qnn`` simulates the HTP.
@@ -28,6 +29,7 @@ from omnidraft_deploy.exporters.calibration import (
 )
 from omnidraft_deploy.exporters.onnx import export_onnx, set_metadata
 from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
+from omnidraft_deploy.exporters.qnn_mixed import float_residual
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
 from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
@@ -62,6 +64,8 @@ def export_qnn(
         graph = onnx.load(str(fp32))
         extras["reciprocal_to_div"] = reciprocal_to_div(graph)
         extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
+        keep_float = float_residual(graph)  # residual stream + RMSNorm: fp16 on the HTP
+        extras["float_nodes"] = len(keep_float)
         onnx.save(graph, str(fp32))
         calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
         feeds = step_feeds(fp32, info, calib)
@@ -72,6 +76,7 @@ def export_qnn(
             activation_type=QuantType.QUInt16 if recipe.name == "qdq-a16w8" else QuantType.QUInt8,
             weight_type=QuantType.QUInt8,
             per_channel=True,
+            nodes_to_exclude=keep_float,
         )
         qdq = Path(tmp) / "qdq.onnx"
         quantize(str(fp32), str(qdq), config)

@@ -1,8 +1,8 @@
 """Verbs that need neither exporters nor a runtime: ``presets``, ``assets``, ``generate``, ``bench``.
 
-Handlers for ``omnidraft_deploy.cli`` (the composition root, which parses the flags); each turns
-its ``Namespace`` into library arguments and lazy-imports what it needs. Results go to stdout,
-statistics and progress to stderr.
+Handlers for ``omnidraft_deploy.cli`` (the composition root; the flags are declared in
+``cli_parser``); each turns its ``Namespace`` into library arguments and lazy-imports what it
+needs. Results go to stdout, statistics and progress to stderr.
 """
 
 from __future__ import annotations
@@ -12,11 +12,7 @@ import json
 import sys
 from typing import Any
 
-from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role, get_preset, list_presets
-
-DEFAULT_PROMPT = (
-    "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
-)
+from omnidraft_deploy.presets import Role, get_preset, list_presets
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -127,16 +123,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(path.read_text())
     return 0
-
-
-def add_decode_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target", default=DEFAULT_TARGET, help="target preset (see `omnidraft presets`)"
-    )
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
-    p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
-    p.add_argument("--temperature", type=float, default=1.0, help="for exact/omnidraft modes")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--draft-len", type=int, default=4)
-    p.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
-    p.add_argument("--seed", type=int, default=0)

@@ -11,7 +11,7 @@ timed) and ONNX Runtime GenAI's model builder (``pip install 'omnidraft-deploy[b
 its model from the same folder (timed); ``--pte`` also writes our ExecuTorch ``.pte`` (fp32).
 
 ``time``: per (model, precision) one worker process per engine (each loads one model; its peak RSS
-is its own ``ru_maxrss``), driven round-robin by this process for ``--rounds`` rounds: prefill
+is its own ``ru_maxrss``), driven round-robin (engines alternate per measurement) for ``--rounds`` rounds: prefill
 tok/s (``--prefill`` tokens from position 0), 1-token greedy decode tok/s (``--decode`` tokens
 after a ``--context``-token prompt), verify-call latency for T = 1..8 (median of ``--reps`` calls
 at the same position: a speculative verification, rolled back every time). Intra-op threads are
@@ -261,18 +261,19 @@ def time_group(preset: str, precision: str, args: argparse.Namespace) -> dict[st
     rows: dict[str, dict[str, Any]] = {
         n: {"decode": [], "prefill": [], "verify": {}} for n in workers
     }
-    for _ in range(args.rounds):
+    for _ in range(args.rounds):  # engines alternate per measurement, not per round
         for name, (_, conn) in workers.items():
-            r = rows[name]
             conn.send(("decode", (prompt, args.decode)))
             tokens, secs = conn.recv()
-            r["decode"].append((args.decode - 1) / secs)
-            r["greedy_tokens"] = tokens
+            rows[name]["decode"].append((args.decode - 1) / secs)
+            rows[name]["greedy_tokens"] = tokens
+        for name, (_, conn) in workers.items():
             conn.send(("call", (prompt[:1] * args.prefill, 0, 1)))
-            r["prefill"].append(args.prefill / conn.recv())
-            for t in VERIFY_T:
+            rows[name]["prefill"].append(args.prefill / conn.recv())
+        for t in VERIFY_T:
+            for name, (_, conn) in workers.items():
                 conn.send(("call", (prompt[:t], args.context, args.reps)))
-                r["verify"].setdefault(t, []).append(1e3 * conn.recv())
+                rows[name]["verify"].setdefault(t, []).append(1e3 * conn.recv())
     for name, (proc, conn) in workers.items():
         conn.send(None)
         rows[name]["peak_rss_mb"] = round(conn.recv(), 1)
@@ -294,6 +295,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def summarise(r: dict[str, Any]) -> dict[str, Any]:
     med = lambda xs: round(float(np.median(xs)), 2)  # noqa: E731
     return {
+        "decode_tok_s_rounds": [round(x, 2) for x in r["decode"]],
         "decode_tok_s": med(r["decode"]),
         "prefill_tok_s": med(r["prefill"]),
         "verify_ms": {t: med(v) for t, v in r["verify"].items()},

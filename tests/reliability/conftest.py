@@ -34,6 +34,19 @@ def scale(quick: int, long: int) -> int:
     return int(override) if override and long >= 100_000 else long
 
 
+def stop_requested() -> bool:
+    """Long mode: True once the unix time in ``$OMNIDRAFT_STOP_AT`` or in the file
+    ``$OMNIDRAFT_STOP_FILE`` (default ``/tmp/omnidraft-reliability.stop``) has passed: a long
+    run then ends early and records the part it finished (its seeds, its kills)."""
+    if not LONG:
+        return False
+    at = os.environ.get("OMNIDRAFT_STOP_AT")
+    stop_file = Path(os.environ.get("OMNIDRAFT_STOP_FILE", "/tmp/omnidraft-reliability.stop"))
+    if at is None and stop_file.is_file():
+        at = stop_file.read_text().strip()
+    return at is not None and time.time() > float(at)
+
+
 def fuzz_seeds(quick: int) -> range:
     """Input seeds of a fuzz run: ``quick`` normally; 100k in long mode, or
     ``$OMNIDRAFT_FUZZ_SEEDS`` (``a:b``), or the first ``$OMNIDRAFT_FUZZ_N``."""

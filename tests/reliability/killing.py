@@ -140,6 +140,7 @@ class KillStats:
     kills: int = 0
     killed_mid_write: int = 0  # a temp file / staging folder of ours existed at the kill
     finished_first: int = 0  # writers that finished before their kill instant (not kills)
+    stopped_early: bool = False  # ``stop()`` ended the loop (a long run out of time)
     missing: int = 0  # the target held no whole version right after a kill
     partial_validated: int = 0
     junk_after_next_run: int = 0
@@ -155,6 +156,7 @@ def kill_loop(
     check: Callable[[Path], bool],
     partial_validates: Callable[[Path], bool],
     seed: int = 0,
+    stop: Callable[[], bool] = lambda: False,
 ) -> KillStats:
     """Write version 0 whole, then until ``n_kills`` SIGKILLs have landed on a running writer:
     start the next version, kill it at a random instant, check the target; finally one whole run
@@ -164,14 +166,15 @@ def kill_loop(
     or staging folder to the end, as timed by the latest run that finished; the real export
     spends most of its time importing and tracing before it writes), the rest anywhere in the
     run. A writer that finishes before its instant (the machine got faster) is not counted as a
-    kill; its timing becomes the new estimate."""
+    kill; its timing becomes the new estimate. ``stop()`` true ends the kills early."""
     rng = random.Random(seed)
     stats = KillStats()
     version = seed * 100_000
     first = run_child(kind, target, version, kill_after=None)  # the last good version
     full, start = first.seconds, min(first.write_start or 0.0, first.seconds)
     for _ in range(4 * n_kills + 10):
-        if stats.kills == n_kills:
+        if stats.kills == n_kills or stop():
+            stats.stopped_early = stats.kills < n_kills
             break
         lo = start * 0.95 if rng.random() < 0.75 else 0.05
         delay = rng.uniform(lo, full * 1.05)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import kill_seed_and_count, record
+from conftest import kill_seed_and_count, record, stop_requested
 from killing import KillStats, kill_loop
 
 from omnidraft_deploy.distill.checkpoint import CheckpointError, load_checkpoint
@@ -54,7 +54,7 @@ def _report(name: str, seed: int, n: int, s: KillStats) -> None:
            finished_before_kill=s.finished_first, bundles_missing=s.missing, partial_validated=s.partial_validated,
            junk_after_next_run=s.junk_after_next_run, crashes=s.crashes)  # fmt: skip
     assert (s.missing, s.partial_validated, s.junk_after_next_run) == (0, 0, 0), s.notes
-    assert s.kills == n, f"only {s.kills} of {n} kills landed on a running writer"
+    assert s.kills == n or s.stopped_early, f"only {s.kills} of {n} kills landed on a writer"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,9 @@ def test_kills_during_publish_and_saves_lose_nothing(
     target = tmp_path / ("bundle" if kind == "synthetic_export" else name)
     partial = _bundle_ok if kind == "synthetic_export" else _never
     seed, n = kill_seed_and_count(quick, long)
-    s = kill_loop(kind, target, n, check=check, partial_validates=partial, seed=seed)
+    s = kill_loop(
+        kind, target, n, check=check, partial_validates=partial, seed=seed, stop=stop_requested
+    )
     _report(f"kill: {kind}", seed, n, s)
 
 
@@ -86,5 +88,13 @@ def test_kills_during_real_export_and_weight_swap_lose_nothing(tmp_path: Path, k
 
         run_child("export", target, 0, kill_after=None)  # the bundle to publish into
     seed, n = kill_seed_and_count(2, 12)
-    s = kill_loop(kind, target, n, check=_bundle_ok, partial_validates=_bundle_ok, seed=seed)
+    s = kill_loop(
+        kind,
+        target,
+        n,
+        check=_bundle_ok,
+        partial_validates=_bundle_ok,
+        seed=seed,
+        stop=stop_requested,
+    )
     _report(f"kill: {kind} (tiny onnx)", seed, n, s)

@@ -76,12 +76,10 @@ class GraphWriter:
         self.nodes: list[Any] = []
 
     def const(self, name: str, value: np.ndarray | Tensor) -> str:
-        from onnx import helper
-
         arr = value.detach().float().numpy() if isinstance(value, Tensor) else value
         arr = np.ascontiguousarray(arr)
         t = self.model.graph.initializer.add()
-        t.name, t.data_type = name, helper.np_dtype_to_tensor_dtype(arr.dtype)
+        t.name, t.data_type = name, self.helper.np_dtype_to_tensor_dtype(arr.dtype)
         t.dims.extend(arr.shape)
         if self.data is None or arr.nbytes < 1024:
             t.raw_data = arr.tobytes()

@@ -71,10 +71,10 @@ def hf_folder(preset: str) -> Path:
     return out
 
 
-def build_genai(preset: str, precision: str) -> dict[str, Any]:
+def build_genai(preset: str, precision: str, *, force: bool = False) -> dict[str, Any]:
     """ONNX Runtime GenAI's builder on the HF folder; returns its wall seconds."""
     out = WORK / "genai" / f"{preset}-{precision}"
-    if (out / "genai_config.json").is_file():
+    if (out / "genai_config.json").is_file() and not force:
         return json.loads((out / "build.json").read_text())
     src = hf_folder(preset)
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", MODELS[preset][1],
@@ -87,7 +87,7 @@ def build_genai(preset: str, precision: str) -> dict[str, Any]:
     return facts
 
 
-def export_ours(preset: str, precision: str) -> dict[str, Any]:
+def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str, Any]:
     """Our fused graph of ``preset`` (``target.onnx`` + ``.ort``), every stage timed."""
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
@@ -98,7 +98,7 @@ def export_ours(preset: str, precision: str) -> dict[str, Any]:
     from omnidraft_deploy.reference.load import load_model
 
     out = WORK / "ours" / f"{preset}-{precision}"
-    if (out / "stages.json").is_file():
+    if (out / "stages.json").is_file() and not force:
         return json.loads((out / "stages.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     spec, recipe, stages = get_preset(preset), get_recipe("onnx", precision), {}
@@ -312,9 +312,9 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         for precision in args.precisions:
             key = f"{preset}/{precision}"
             log.info("%s: our export", key)
-            facts[key] = {"ours": export_ours(preset, precision)}
+            facts[key] = {"ours": export_ours(preset, precision, force=args.force)}
             log.info("%s: ORT GenAI build", key)
-            facts[key]["genai"] = build_genai(preset, precision)
+            facts[key]["genai"] = build_genai(preset, precision, force=args.force)
         if args.pte:
             export_pte(preset)
     return facts
@@ -397,6 +397,7 @@ def main() -> None:
     p.add_argument("--models", type=lambda s: s.split(","), default=list(MODELS))
     p.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
     p.add_argument("--pte", action="store_true", help="prepare: also our ExecuTorch .pte (fp32)")
+    p.add_argument("--force", action="store_true", help="prepare: export and build again")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--context", type=int, default=64)

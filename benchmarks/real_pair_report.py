@@ -184,9 +184,11 @@ def _markdown(
     lines += ["", f"host overhead {p0.overhead_ms:.2f} ms/step, lookup {p0.lookup_ms:.3f} ms, "
               f"prefill {p0.prefill_ms_per_token:.2f} ms/token", ""]  # fmt: skip
     best = best_configuration(summ)
-    if best is not None:
-        lines += [f"## Best configuration with identical outputs: {best}", ""]
-        lines += [term_line(t, summ[best][t]) for t in ("overall", *TASKS) if t in summ[best]]
+    spec = [m for m in summ if m.startswith("ours_") and not m.endswith("_target")]
+    for m in sorted(spec, key=lambda m: m != best):
+        tag = " (best overall with identical outputs)" if m == best else ""
+        lines += [f"## Cost-model terms: {m}{tag}", ""]
+        lines += [term_line(t, summ[m][t]) for t in ("overall", *TASKS) if t in summ[m]]
         lines.append("")
     for t in ("overall", *TASKS):
         lines += [f"## {t}", "", "| configuration | tok/s | speedup vs our ORT target-only | vs "

@@ -186,3 +186,23 @@ def test_real_qwen_gguf_refused_under_default_preset(
     assert r.chat_template and "<|im_start|>" in r.chat_template
     d = resolve_role("drafter", "smollm2-135m", str(require_asset("smollm2-135m-gguf")))
     assert d.tokenizer.eos_ids == (2, 0) and d.graph_rows == d.tokenizer.vocab_size == 49152
+
+
+def test_llama31_rope_scaling_folder_accepted_and_loaded_scaled(
+    tmp_path: Path, require_asset: Callable
+) -> None:
+    """Issue 14: a Llama-3.1/3.2 folder (``rope_type: llama3``) was refused; now it resolves and
+    loads with its scaling (parity with transformers: tests/core/test_rope.py)."""
+    from omnidraft_deploy.reference.hf_adapter import load_model
+    from omnidraft_deploy.reference.rope import RopeScaling
+
+    folder = tiny_hf_folder(tmp_path / "llama31", "tiny-llama3-8b",
+                            require_asset("llama3-tokenizer-json"))  # fmt: skip
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    r = resolve_role("target", "tiny-llama3-8b", str(folder))
+    assert r.weights == str(folder)
+    model, _ = load_model(folder, max_seq_len=64)
+    assert model.args.rope_scaling == RopeScaling(factor=8.0)

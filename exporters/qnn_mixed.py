@@ -8,11 +8,16 @@ is worse. So the nodes that carry the residual stream stay float and the HTP run
 (float Add, MatMul and the decomposed RMSNorm compile there; its fused RmsNorm op does not):
 
 - every residual ``Add`` and the ``MatMul`` feeding it (o_proj, down_proj: their outputs are the
-  massive values), and each RMSNorm chain ``Pow -> ReduceMean -> Add(eps) -> Sqrt -> Div -> Mul``;
+  massive values), the ``SiLU(gate) * up`` product down_proj reads (its massive input), and each
+  RMSNorm chain ``Pow -> ReduceMean -> Add(eps) -> Sqrt -> Div -> Mul``;
 - each RMSNorm normalises ``x * 2^-8`` with ``eps * 2^-16`` (the same function: RMSNorm is scale
   invariant), so ``x^2`` stays inside fp16 (24,245^2 would overflow 65,504).
 
 The rest (q/k/v/gate/up projections, attention, lm_head chunks) is quantised a16w8 as before.
+Measured on SmolLM2-135M (CPU run of the QDQ graph, 12 shipped prompts): top-1 0.041 -> 0.891.
+Open: toy graphs of these float ops compile on the simulated HTP, but the whole SmolLM2 graph
+fails to finalize there (QNN_COMMON_ERROR_MEM_ALLOC), so ``export_qnn`` applies this only when
+asked (``float_residual_stream``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,19 @@ def _rms_chain(pow_node: Any, users: dict[str, list[Any]]) -> list[Any] | None:
         return None
     mul = [n for n in users.get(out, []) if n.op_type == "Mul"]
     return chain + mul[:1]
+
+
+def _gated_product(matmul: Any, producer: dict[str, Any]) -> list[Any]:
+    """``Mul(Mul(g, Sigmoid(g)), u)`` feeding a down_proj ``matmul`` (SiLU(gate) * up), or []."""
+    prod = producer.get(matmul.input[0])
+    if prod is None or prod.op_type != "Mul":
+        return []
+    silu = [producer.get(i) for i in prod.input]
+    silu_mul = next((n for n in silu if n is not None and n.op_type == "Mul"), None)
+    if silu_mul is None:
+        return []
+    sig = [producer.get(i) for i in silu_mul.input]
+    return [prod, silu_mul, *(n for n in sig if n is not None and n.op_type == "Sigmoid")]
 
 
 def float_residual(proto: Any, scale: float = SCALE) -> list[str]:
@@ -85,8 +103,10 @@ def float_residual(proto: Any, scale: float = SCALE) -> list[str]:
         residual = producer.get(x)
         if residual is not None and residual.op_type == "Add":
             keep.append(residual.name)
-            keep += [producer[i].name for i in residual.input
-                     if i in producer and producer[i].op_type == "MatMul"]  # fmt: skip
+            matmuls = [producer[i] for i in residual.input
+                       if i in producer and producer[i].op_type == "MatMul"]  # fmt: skip
+            keep += [m.name for m in matmuls]
+            keep += [n.name for m in matmuls for n in _gated_product(m, producer)]
     ordered = []
     for k, node in enumerate(nodes):
         if k in inserts:

@@ -25,9 +25,10 @@ assets: venv
 
 # The default pair is trained here (distill/pretrain.py) on the offline corpus on first use and
 # cached under ~/.cache/omnidraft-deploy/pretrained: so the text is readable and the drafter is
-# accepted. The random-weight tiny-* twins stay for the fast tests.
+# accepted. The target trains first; the drafter then also learns the target's own greedy text
+# (sequence-level KD, distill/seqkd.py). The random-weight tiny-* twins stay for the fast tests.
 DEMO_TARGET  ?= trained-llama3-demo
-DEMO_DRAFTER ?= trained-llama2-drafter
+DEMO_DRAFTER ?= trained-llama2-demo
 DEMO_PROMPT  ?= Question: Tom has 3 apples and buys 5 more. How many apples does he have?
 DEMO         := $(BUNDLES)/demo
 
@@ -37,7 +38,7 @@ demo: assets
 	$(BIN)/omnidraft-export --target $(DEMO_TARGET) --drafter $(DEMO_DRAFTER) --backend onnx \
 	  --out $(DEMO)-onnx
 	$(BIN)/omnidraft validate $(DEMO)-onnx
-	$(BIN)/omnidraft run $(DEMO)-onnx --prompt "$(DEMO_PROMPT)" --max-new-tokens 48
+	$(BIN)/omnidraft run $(DEMO)-onnx --prompt "$(DEMO_PROMPT)" --max-new-tokens 48 --stats
 	$(BIN)/omnidraft bench --target $(DEMO_TARGET) --drafter $(DEMO_DRAFTER) --max-new-tokens 32
 	@echo "make demo: done in $$(( $$(date +%s) - $$(cat $(BUNDLES)/.demo-start) )) s (after the venv)"
 	@echo "next: omnidraft adapt $(DEMO)-onnx (online adaptation to the prompt set; minutes), make demo-backends"

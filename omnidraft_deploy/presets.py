@@ -347,8 +347,10 @@ def _trained(name: str, role: Role, family: Family, tokenizer: str, vocab: int, 
 
 
 # Trained here on the offline corpus (distill.data), one torch thread on an idle 2-core machine:
-# drafter ~2.5 min, the demo target (2000 steps) ~7 min, each benchmark target (5000 steps) ~15
-# min; cached under <cache>/pretrained keyed by config + data hash.
+# drafter ~2.5 min, the demo target (2000 steps) ~7 min (38 min at nice 10 on a machine at load
+# 10-24), each benchmark target (5000 steps) ~15 min; the demo drafter first has the demo target
+# continue 800 corpus prompts (12 took 4.4 s at load ~20); cached under <cache>/pretrained keyed by
+# config + data hash (+ the teacher's cache file for a distilled drafter).
 _TRAINED: tuple[ModelSpec, ...] = (
     _trained("trained-llama2-drafter", Role.DRAFTER, Family.LLAMA, "llama2", 32000,
              small=True, rope=1e4, steps=2000, seed=0),

@@ -79,11 +79,13 @@ def _limit(logits: Tensor, limit: int | None) -> Tensor:
 
 
 def _finish(new_ids: list[int], cfg: DecodeConfig) -> tuple[list[int], bool]:
-    """Cut at the first EOS (kept) or at max_new_tokens; return (ids, done)."""
-    for i, t in enumerate(new_ids):
+    """Cut at the first EOS (kept) or at max_new_tokens, whichever comes first (an EOS past the
+    budget is cut like any token: target-only never reaches it); return (ids, done)."""
+    ids = new_ids[: cfg.max_new_tokens]
+    for i, t in enumerate(ids):
         if t in cfg.eos_ids:
-            return new_ids[: i + 1], True
-    return new_ids[: cfg.max_new_tokens], len(new_ids) >= cfg.max_new_tokens
+            return ids[: i + 1], True
+    return ids, len(new_ids) >= cfg.max_new_tokens
 
 
 def check_prompt(prompt_ids: list[int], vocab: int, capacity: int) -> None:

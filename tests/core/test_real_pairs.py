@@ -88,3 +88,28 @@ def test_oracle_drafter_accepts_and_the_ngram_cache_learns(pair) -> None:
     else:
         assert warm > cold + 0.1, totals
         assert totals["warm"][2] > totals["cold"][2], totals
+
+
+def test_eos_just_past_the_budget_is_not_emitted(pair) -> None:
+    """An EOS that the last verified step accepts one token past ``max_new_tokens`` is cut like
+    any other token: speculative output == target-only (regression: it was kept, 33 vs 32)."""
+    text = load_prompts()[0].text
+    ids = pair.target_tok.encode(text)
+    ref, _ = generate_target_only(pair.target, ids, _cfg(pair, 24))
+    pieces = [
+        b"" if i in pair.target_tok.special_ids else pair.target_tok.token_bytes(i)
+        for i in [*ids, *ref]
+    ]
+    budgets = [n for n in range(2, len(ref)) if ref[n] not in ref[:n]]
+    assert budgets, ref
+    for n in budgets:
+        cfg = DecodeConfig(
+            max_new_tokens=n, eos_ids=(ref[n],), vocab_limit=pair.mapper.target_vocab_size
+        )
+        base, _ = generate_target_only(pair.target, ids, cfg)
+        assert base == ref[:n]
+        oracle = OracleDrafter(pair.drafter_tok, pieces, error_rate=0.0)
+        dec = SpeculativeDecoder(
+            pair.target, oracle, pair.mapper, HeuristicDraftLen(6), NGramCache(), config=cfg
+        )
+        assert dec.generate(ids)[0] == base, n

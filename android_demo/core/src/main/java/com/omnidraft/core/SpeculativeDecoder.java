@@ -113,11 +113,14 @@ public final class SpeculativeDecoder {
     }
 
     /**
-     * Appends newIds to out up to the first EOS (kept, even past maxNewTokens, as decoder._finish
-     * does), else cuts at maxNewTokens; true when generation is done.
+     * Appends newIds to out up to the first EOS (kept) or maxNewTokens, whichever comes first (an
+     * EOS past the budget is cut like any token, as decoder._finish does); true when done.
      */
     private boolean finish(IntList out, int[] newIds) {
         for (int t : newIds) {
+            if (out.size() >= cfg.maxNewTokens) {
+                break;
+            }
             out.add(t);
             for (int e : cfg.eosIds) {
                 if (t == e) {

@@ -194,7 +194,7 @@ def build_graph(
     a = model.args
     bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location)
-    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta)
+    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
     pos = _positions(g)

@@ -246,3 +246,26 @@ def test_fused_graph_external_weights_match_inline(fused, tmp_path: Path) -> Non
     a = ExplicitCacheGraph(cpu_session(path), info).run(ids, pos)
     b = ExplicitCacheGraph(cpu_session(inline), info).run(ids, pos)
     np.testing.assert_array_equal(a, b)
+
+
+def test_fused_graph_carries_llama3_rope_scaling(tmp_path: Path) -> None:
+    """Llama-3.x frequency scaling reaches the fused graph's cos/sin caches (parity vs the scaled
+    eager model; the unscaled model differs, so the check can fail)."""
+    from omnidraft_deploy.exporters.onnx import export_onnx
+
+    from omnidraft_deploy.reference.model import ModelArgs
+    from omnidraft_deploy.reference.rope import RopeScaling
+
+    plain = build_model(SPEC, seed=5, max_seq_len=32)
+    scaling = RopeScaling(factor=8.0, original_max_position_embeddings=4)
+    model = Transformer(dataclasses.replace(ModelArgs.from_spec(SPEC, 32), rope_scaling=scaling))
+    model.load_state_dict(plain.state_dict())
+    model.eval()
+    path = tmp_path / "target.onnx"
+    info = graph_info(model, SPEC, file=path.name, quantization="fp32", seq_len=None)
+    export_onnx(model, path, info=info, recipe=get_recipe("onnx", "fp32"), fused=True)
+    assert verify_artifact(path, info, model, get_recipe("onnx", "fp32"), PROMPTS)[
+        "max_abs_logit_diff"
+    ] < 1e-4
+    with pytest.raises(ExportVerificationError):
+        verify_artifact(path, info, plain, get_recipe("onnx", "fp32"), PROMPTS)

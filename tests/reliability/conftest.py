@@ -133,6 +133,8 @@ def reliability_report(request: pytest.FixtureRequest) -> Any:
     keys = ("OMNIDRAFT_FUZZ_N", "OMNIDRAFT_FUZZ_SEEDS", "OMNIDRAFT_KILL_SEED", "OMNIDRAFT_KILLS")
     env = "".join(f"{k}={os.environ[k]} " for k in keys if os.environ.get(k))
     command = f"OMNIDRAFT_RELIABILITY=long {env}.venv/bin/pytest {args}"
+    if stop_requested():
+        command += " (stopped early at its stop time)"  # see the row's kills / seeds
     run = {
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -29,7 +29,7 @@ from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
 from omnidraft_deploy import graph_contract as gc
-from omnidraft_deploy.reference.model import DecoderLayer, Transformer, rope_tables
+from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 MS = "com.microsoft"
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations x int8/int4 weights (fp32 accumulate)
@@ -194,7 +194,7 @@ def build_graph(
     a = model.args
     bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location)
-    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
+    cos, sin = model.get_buffer("rope_cos"), model.get_buffer("rope_sin")  # the eager model's own tables (scaling included)
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
     pos = _positions(g)

@@ -88,17 +88,26 @@ def with_accuracy_level(src: Path, dst: Path, level: int) -> None:
     onnx.save(proto, str(dst))
 
 
+def parse_quant(quant: str) -> tuple[str, int | None, bool]:
+    """``<recipe>[-acc<n>][-inv]`` -> (recipe, MatMulNBits accuracy level or None, invariant):
+    ``-acc<n>`` rewrites the graph's ``MatMulNBits`` to accuracy level ``n``; ``-inv`` exports
+    the fused graph with batch-invariant attention (``exporters.onnx_invariant``)."""
+    rest, invariant = (quant[: -len("-inv")], True) if quant.endswith("-inv") else (quant, False)
+    base, _, level = rest.partition("-acc")
+    return base, int(level) if level else None, invariant
+
+
 def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
                  root: Path = ROOT) -> tuple[Path, Any, dict[str, Any]]:  # fmt: skip
-    """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: an ONNX recipe
-    name, or ``<recipe>-acc<n>`` for that graph with ``MatMulNBits`` at accuracy level ``n``.
-    A cached graph is reused with its parity and ``GraphInfo`` (no eager model is loaded)."""
+    """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: see
+    ``parse_quant``. A cached graph is reused with its parity and ``GraphInfo`` (no eager model
+    is loaded)."""
     from omnidraft_deploy.exporters.quantize import get_recipe
 
     from omnidraft_deploy.manifest import GraphInfo
 
     out = root / f"{source.replace(':', '-')}-{quant}"
-    recipe = get_recipe("onnx", quant.partition("-acc")[0])
+    recipe = get_recipe("onnx", parse_quant(quant)[0])
     parity_file, info_file = out / "parity.json", out / "info.json"
     if parity_file.is_file() and not info_file.is_file():  # cached before info.json was kept
         info_file.write_text(_graph_info_json(out / f"{role}.onnx"))
@@ -127,16 +136,16 @@ def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_le
     from omnidraft_deploy.exporters.verify import verify_artifact
 
     spec, model = _eager(source, max_seq_len)
-    base, _, level = quant.partition("-acc")
+    base, level, invariant = parse_quant(quant)
     recipe = get_recipe("onnx", base)
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=base, seq_len=None)
     parity_file = out / "parity.json"
     if not parity_file.is_file():
         out.mkdir(parents=True, exist_ok=True)
         info, _ = get_exporter("onnx")(model, spec, out, role=role, recipe=recipe, draft_len=4,
-                                       eos_ids=())  # fmt: skip
-        if level:
-            with_accuracy_level(out / info.file, out / info.file, int(level))
+                                       eos_ids=(), invariant=invariant)  # fmt: skip
+        if level is not None:
+            with_accuracy_level(out / info.file, out / info.file, level)
         top1 = dataclasses.replace(recipe, tolerance=float("inf"))
         parity = verify_artifact(out / info.file, info, model, top1)
         parity_file.write_text(json.dumps(parity, indent=1))

@@ -84,14 +84,19 @@ def export_onnx_graph(
     draft_len: int,
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
+    invariant: bool | None = None,
 ) -> tuple[GraphInfo, dict[str, Any]]:
     """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format).
 
     An fp32 drafter keeps one initializer per parameter (``swappable``), so weights trained on the
     device (``training_graph``) are swapped into it without re-export; every other fp32 / int8 /
-    int4 graph is the fused contrib-op graph (``exporters.onnx_fused``).
+    int4 graph is the fused contrib-op graph (``exporters.onnx_fused``). ``invariant`` (None: the
+    default rule, ``can_be_invariant``, for the target only) writes the target's attention in the
+    batch-invariant form (``exporters.onnx_invariant``), so a verification call's rows are bitwise
+    the rows of 1-token calls and greedy speculative output is target-only output.
     """
     from omnidraft_deploy.exporters.onnx import (
+        can_be_invariant,
         can_fuse,
         convert_to_ort,
         export_onnx,
@@ -101,6 +106,8 @@ def export_onnx_graph(
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=None)
     swappable = role == "drafter" and recipe.name == "fp32"
     fused = not swappable and can_fuse(model.args, recipe.name)
+    if invariant is None:
+        invariant = fused and role == "target" and can_be_invariant(model.args, recipe.name)
     path = export_onnx(
         model,
         out_dir / info.file,
@@ -109,8 +116,11 @@ def export_onnx_graph(
         bundle_hash=bundle_hash,
         swappable=swappable,
         fused=fused,
+        invariant=invariant,
     )
-    extras: dict[str, Any] = {"weights_swappable": swappable, "fused": fused}
+    extras: dict[str, Any] = {
+        "weights_swappable": swappable, "fused": fused, "batch_invariant": invariant,
+    }  # fmt: skip
     if (why := ort_format_blocker(path)) is not None:  # e.g. fp32 0.5B+: quantise for mobile
         log.warning("%s: skipping the .ort file: %s", path.name, why)
         return info, extras | {"ort_mobile_file": None, "ort_mobile_skipped": why}

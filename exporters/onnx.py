@@ -59,10 +59,12 @@ def export_onnx(
     bundle_hash: str = "",
     swappable: bool = False,
     fused: bool = False,
+    invariant: bool = False,
 ) -> Path:
     """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU).
 
-    ``fused``: the contrib-op graph of ``exporters.onnx_fused`` (dynamic T, fp32/int8/int4 only).
+    ``fused``: the contrib-op graph of ``exporters.onnx_fused`` (dynamic T, fp32/int8/int4 only);
+    ``invariant``: with its batch-invariant attention (``exporters.onnx_invariant``).
 
     ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
     after it (``training_graph.bind_weights``), and trained weights can be swapped in without
@@ -72,7 +74,9 @@ def export_onnx(
 
     model = model.eval().requires_grad_(False)
     if fused:
-        return _export_fused(model, path, info=info, recipe=recipe, bundle_hash=bundle_hash)
+        return _export_fused(
+            model, path, info=info, recipe=recipe, bundle_hash=bundle_hash, invariant=invariant
+        )
     a = model.args
     ids, pos = example_inputs(model, seq_len or 2)
     caches = empty_caches(model)
@@ -122,9 +126,25 @@ def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
     return recipe_name in FUSED_RECIPES and args.head_dim % 16 == 0
 
 
+# Recipes whose weight matmuls are bitwise batch-invariant on ONNX Runtime's CPU kernels:
+# MatMulNBits at accuracy_level 4 (per-row int8 activations, exact integer dot products). fp32
+# MatMul (MLAS SGEMM) sums in a different order for 1 row than for T rows, so fp32 graphs keep
+# GroupQueryAttention; their verification rows differ by ~1e-5 (reports/batch_invariance.json).
+INVARIANT_RECIPES = ("int8", "int4")
+
+
+def can_be_invariant(args: ModelArgs, recipe_name: str) -> bool:
+    """Whether the fused graph can be batch-invariant (``exporters.onnx_invariant``): a
+    MatMulNBits recipe, and a ``max_seq_len`` in whole attention-span blocks."""
+    from omnidraft_deploy.exporters.onnx_invariant import SPAN_BLOCK
+
+    return recipe_name in INVARIANT_RECIPES and args.max_seq_len % SPAN_BLOCK == 0
+
+
 def _export_fused(
-    model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None, bundle_hash: str
-) -> Path:
+    model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None,
+    bundle_hash: str, invariant: bool,
+) -> Path:  # fmt: skip
     from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model, weight_bytes
 
     name = recipe.name if recipe else "fp32"
@@ -132,6 +152,11 @@ def _export_fused(
         raise ValueError(
             f"{path.name}: no fused graph for {name!r} (recipes {FUSED_RECIPES}) with head_dim "
             f"{model.args.head_dim} (GroupQueryAttention needs a multiple of 16)"
+        )
+    if invariant and model.args.max_seq_len % 64:
+        raise ValueError(
+            f"{path.name}: batch-invariant attention spans whole blocks of 64 slots; max_seq_len "
+            f"{model.args.max_seq_len} is not a multiple of 64"
         )
     big = weight_bytes(model, recipe) > _TWO_GB - 2**27  # headroom for the graph itself
     data_name = f"{path.name}.data"
@@ -141,7 +166,9 @@ def _export_fused(
         with contextlib.ExitStack() as stack:
             data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
             with torch.no_grad():
-                proto = build_graph(model, recipe, data=data, location=data_name)
+                proto = build_graph(
+                    model, recipe, data=data, location=data_name, invariant=invariant
+                )
         set_metadata(proto, info, bundle_hash)
         t1 = time.perf_counter()
         save_model(proto, out)

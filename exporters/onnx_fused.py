@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+from omnidraft_deploy.exporters import onnx_invariant
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
@@ -123,6 +124,7 @@ class GraphWriter:
 
 _CONTRIB = {
     "MatMulNBits",
+    "RotaryEmbedding",
     "GroupQueryAttention",
     "SkipSimplifiedLayerNormalization",
 }
@@ -143,13 +145,21 @@ def _layer(model: Transformer, i: int) -> DecoderLayer:
     return layer
 
 
-def _attention(g: GraphWriter, model: Transformer, i: int, h: str, pos: tuple[str, str]) -> str:
+def _attention(
+    g: GraphWriter, model: Transformer, i: int, h: str, pos: tuple[str, str] | None
+) -> str:
+    """One layer's attention; ``pos`` None: the batch-invariant plain-op form (``onnx_invariant``)."""
     a, attn = model.args, _layer(model, i).self_attn
     w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
     biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
     b = None if any(x is None for x in biases) else torch.cat(biases)  # type: ignore[arg-type]
     qkv = g.linear(f"layers.{i}.qkv_proj", h, w, b)
     out = f"layers.{i}.attn/out"
+    if pos is None:
+        out = onnx_invariant.attention(
+            g, qkv, i, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim
+        )
+        return g.linear(f"layers.{i}.o_proj", out, attn.o_proj.weight)
     g.node(
         "GroupQueryAttention",
         [qkv, "", "", gc.cache_in(2 * i), gc.cache_in(2 * i + 1), *pos, "cos_cache", "sin_cache"],
@@ -184,10 +194,13 @@ def _norm(g: GraphWriter, x: str, skip: str | None, weight: Tensor, name: str, e
 
 def build_graph(
     model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
-    location: str = "",
+    location: str = "", invariant: bool = False,
 ) -> Any:  # fmt: skip
     """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
-    that open file as external data named ``location`` (see ``GraphWriter``)."""
+    that open file as external data named ``location`` (see ``GraphWriter``).
+
+    ``invariant``: batch-invariant attention from plain ops (``onnx_invariant``, ``CacheIO.CHUNK``)
+    instead of ``GroupQueryAttention`` (``CacheIO.SHARED``)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -197,7 +210,9 @@ def build_graph(
     cos, sin = model.get_buffer("rope_cos"), model.get_buffer("rope_sin")  # the eager model's own tables (scaling included)
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
-    pos = _positions(g)
+    if invariant:
+        onnx_invariant.prepare(g, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim)
+    pos = None if invariant else _positions(g)
     emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
     g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])
     x, skip, eps = "embeds", None, a.norm_eps
@@ -211,6 +226,8 @@ def build_graph(
     _lm_head(g, model, h, tied=a.tie_embeddings and bits == 0)
     cache: list[str | int] = ["batch", a.n_kv_heads, "cache_len", a.head_dim]  # max_seq_len
     n, graph = 2 * a.n_layers, g.model.graph
+    io = gc.CacheIO.CHUNK if invariant else gc.CacheIO.SHARED
+    out_cache: list[str | int] = [1, a.n_kv_heads, "T", a.head_dim] if invariant else cache
     graph.name = "omnidraft_fused"
     graph.node.extend(g.nodes)
     graph.input.extend([
@@ -220,7 +237,8 @@ def build_graph(
     ])  # fmt: skip
     graph.output.extend([
         helper.make_tensor_value_info(gc.LOGITS, TensorProto.FLOAT, [1, "T", a.vocab_size]),
-        *(helper.make_tensor_value_info(gc.cache_present(j), TensorProto.FLOAT, cache) for j in range(n)),
+        *(helper.make_tensor_value_info(name, TensorProto.FLOAT, out_cache)
+          for name in gc.output_names(a.n_layers, io)[1:]),
     ])  # fmt: skip
     g.model.ir_version = onnx.IR_VERSION
     g.model.producer_name = "omnidraft-deploy"

@@ -6,8 +6,11 @@
 
 ``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the ORT graphs
 (``benchmarks/ort_pair.py``; sessions with explicit intra-op threads, no spinning; the target is
-the fp32 fused graph by default, the one whose argmax does not depend on the call's width,
-``benchmarks/batch_invariance.py``; drafters int8, whose numerics only move speed), measures the
+the int8 fused graph with batch-invariant attention by default, ``int8-inv``: its rows are bitwise
+the same whatever a call's width, ``benchmarks/batch_invariance.py``, so greedy speculative output
+is target-only output by construction; ``--also-target int8`` adds the GroupQueryAttention int8
+graph's target-only row, the fastest plain decoding, whose outputs may differ; drafters int8,
+whose numerics only move speed), measures the
 cost profile (``omnidraft_deploy.profile.measure``: interleaved repeats, medians) and saves it to
 ``.bench/real_pair/cost_profile.json``, from where the decoders load it; then times every method on
 the task's 6 prompts (``omnidraft_deploy/data/real_pair_prompts.json``) x ``--max-new-tokens``,
@@ -182,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
         p = sub.add_parser(verb)
         p.add_argument("--threads", type=int, default=2, help="ORT intra-op threads (cores)")
         p.add_argument("--drafters", default="smollm2,ee8_before,ee8_offline,trained45m")
-        p.add_argument("--target-quant", default="fp32", help="target graph (batch-invariant)")
+        p.add_argument("--target-quant", default="int8-inv",
+                       help="target graph (ort_pair.parse_quant; batch-invariant: int8-inv)")  # fmt: skip
         p.add_argument("--drafter-quant", default="int8")
     sub.choices["prepare"].add_argument("--genai", action="store_true")
     p = sub.choices["run"]

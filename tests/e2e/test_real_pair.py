@@ -70,6 +70,18 @@ def test_summarise_speedups() -> None:
     assert s["ours_target"]["tokens_per_s"] == pytest.approx(2.5)
 
 
+def test_side_by_side_rows_name_their_own_baseline() -> None:
+    """Every method family has a baseline, ORT GenAI's rows included (they once raised KeyError)."""
+    methods = {name: (lambda ids: ([1, 2], 0.01, None)) for name in
+               ("ours_target", "ours_lookup", "genai_target", "hf_target", "hf_assisted")}  # fmt: skip
+    res = rp.run_side_by_side(methods, [("code", [5, 6])], repeats=1, warmup=False)
+    base = {r["method"]: r["own_baseline"] for r in res.rows}
+    assert base == {"ours_target": "ours_target", "ours_lookup": "ours_target",
+                    "genai_target": "genai_target", "hf_target": "hf_target",
+                    "hf_assisted": "hf_target"}  # fmt: skip
+    assert all(r["equal_own_baseline"] for r in res.rows)
+
+
 @pytest.fixture(scope="module")
 def real_pair(require_asset: Callable[[str], Path]) -> rp.RealPair:
     require_asset("smollm2-135m-gguf")

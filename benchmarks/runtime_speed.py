@@ -22,6 +22,7 @@ measured side by side in one run; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -118,6 +119,7 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
     stages["verify"] = time.perf_counter() - t0
     stages = {k: round(v, 1) for k, v in stages.items()} | {"total": round(sum(stages.values()), 1)}
     facts = {"stages_s": stages, "parity": parity}
+    (out / "graph_info.json").write_text(json.dumps(dataclasses.asdict(info)))
     (out / "stages.json").write_text(json.dumps(facts))
     return facts
 
@@ -138,18 +140,26 @@ def export_pte(preset: str) -> None:
 # ---- engines (run inside worker processes) -------------------------------------------------
 
 
+def graph_info_of(path: Path) -> Any:
+    """The graph's ``GraphInfo``: from the export's ``graph_info.json`` (reading the ONNX
+    metadata would load the whole inline-weight protobuf, 1.1 GB, into the worker's peak RSS)."""
+    from omnidraft_deploy.manifest import GraphInfo
+
+    sidecar = path.parent / "graph_info.json"
+    if sidecar.is_file():
+        return GraphInfo(**json.loads(sidecar.read_text()))
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return GraphInfo(**json.loads(meta["omnidraft.graph_info"]))
+
+
 class Ours:
-    """Our runtime: ``OrtModel`` over the fused graph (IOBinding, caches shared in place)."""
+    """Our runtime: ``OrtModel`` over the fused graph (IOBinding, caches shared in place,
+    logits written into the returned array; weights on huge pages unless ``huge_pages`` is off)."""
 
-    def __init__(self, path: Path, threads: int) -> None:
-        import onnx
-
-        from omnidraft_deploy.manifest import GraphInfo
-
-        meta = {
-            p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props
-        }
-        info = GraphInfo(**json.loads(meta["omnidraft.graph_info"]))
+    def __init__(self, path: Path, threads: int, *, huge_pages: bool = True) -> None:
+        info = graph_info_of(path)
         if path.suffix == ".pte":
             from omnidraft_deploy.runtime.executorch_model import PteModel
 
@@ -157,7 +167,7 @@ class Ours:
         else:
             from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-            self.model = OrtModel(path, info, threads=threads)
+            self.model = OrtModel(path, info, threads=threads, huge_pages=huge_pages)
 
     def logits(self, ids: list[int], start: int) -> np.ndarray:
         import torch
@@ -220,7 +230,10 @@ class GenAI:
 
 
 def _worker(kind: str, path: str, threads: int, conn: Any) -> None:
-    engine = Ours(Path(path), threads) if kind != "genai" else GenAI(Path(path), threads)
+    if kind.startswith("genai"):
+        engine: Ours | GenAI = GenAI(Path(path), threads)
+    else:
+        engine = Ours(Path(path), threads, huge_pages=kind != "ours-4k")
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         op, args = msg
@@ -235,27 +248,51 @@ def _worker(kind: str, path: str, threads: int, conn: Any) -> None:
 # ---- driver ---------------------------------------------------------------------------------
 
 
-def engines_for(preset: str, precision: str) -> dict[str, tuple[str, Path]]:
-    """name -> (worker kind, artifact) of what exists for (preset, precision)."""
+# worker kind -> environment it is started with (glibc reads its tunables at process start)
+KIND_ENV = {"genai-hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
+
+
+def engines_for(preset: str, precision: str, controls: bool) -> dict[str, tuple[str, Path]]:
+    """name -> (worker kind, artifact) of what exists for (preset, precision); ``controls``:
+    also ours without huge pages and GenAI with glibc's huge-page tunable (the same memory
+    advantage given to GenAI), to show what the huge pages are worth on each side."""
     ours = WORK / "ours" / f"{preset}-{precision}"
+    genai = WORK / "genai" / f"{preset}-{precision}"
     found = {
         "ours (onnx)": ("ours", ours / "target.onnx"),
-        "ort-genai": ("genai", WORK / "genai" / f"{preset}-{precision}"),
+        "ort-genai": ("genai", genai),
         "ours (executorch)": ("ours", ours / "target.pte"),
     }
+    if controls:
+        found["ours (onnx, 4 KiB pages)"] = ("ours-4k", ours / "target.onnx")
+        found["ort-genai (glibc hugetlb)"] = ("genai-hugetlb", genai)
     return {k: v for k, v in found.items() if v[1].exists()}
+
+
+def start_worker(ctx: Any, kind: str, path: Path, threads: int) -> tuple[Any, Any]:
+    """A worker process of ``kind`` (started with ``KIND_ENV[kind]``), once it is ready."""
+    parent, child = ctx.Pipe()
+    saved = {k: os.environ.get(k) for k in KIND_ENV.get(kind, {})}
+    os.environ.update(KIND_ENV.get(kind, {}))
+    try:
+        proc = ctx.Process(target=_worker, args=(kind, str(path), threads, child))
+        proc.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    assert parent.recv() == "ready"
+    return proc, parent
 
 
 def time_group(preset: str, precision: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Round-robin timing of every engine of (preset, precision); one worker process each."""
     ctx = mp.get_context("spawn")
     workers = {}
-    for name, (kind, path) in engines_for(preset, precision).items():
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(kind, str(path), args.threads, child))
-        proc.start()
-        assert parent.recv() == "ready"
-        workers[name] = (proc, parent)
+    for name, (kind, path) in engines_for(preset, precision, args.controls).items():
+        workers[name] = start_worker(ctx, kind, path, args.threads)
     prompt = [(i * 7919) % 1000 + 100 for i in range(args.context)]
     load_before = round(os.getloadavg()[0], 2)
     rows: dict[str, dict[str, Any]] = {
@@ -399,6 +436,10 @@ def main() -> None:
     p.add_argument("--pte", action="store_true", help="prepare: also our ExecuTorch .pte (fp32)")
     p.add_argument("--force", action="store_true", help="prepare: export and build again")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--controls", action="store_true",
+        help="time: also ours without huge pages and GenAI with glibc's huge-page tunable",
+    )  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--decode", type=int, default=24)

@@ -1,10 +1,13 @@
 """Logit parity of a graph against eager PyTorch: the check behind export verification and
 bundle validation (both call ``parity``; pure torch, no backend imports).
 
-Each prompt runs as a prefill, ``decode_steps`` single-token steps (greedy tokens of the reference)
-and a rollback: a 2-token chunk re-fed from an earlier position (what a rejected draft does), then
-one more step, so a cache written at the wrong slot or not masked on rollback shows up as a logit
-difference. Every row's logits are compared: max |diff| and top-1 agreement. ``step_speed``
+Each prompt runs on the graph as a prefill, ``decode_steps`` single-token steps (the graph's own
+greedy tokens) and a rollback: a 2-token chunk re-fed from an earlier position (what a rejected
+draft does), then one more step, so a cache written at the wrong slot or not masked on rollback
+shows up as a logit difference. The eager reference computes the same rows in two calls (the
+decoded sequence at once, then the rollback branch): eager calls were most of an export's
+verification time (fp32 Qwen2.5-0.5B: 18 single-threaded eager calls, 7-9 s of ~11 s), and this
+makes them 6. Every row's logits are compared: max |diff| and top-1 agreement. ``step_speed``
 times the same step function (the speed line of export verification and ``validate``).
 """
 
@@ -34,39 +37,52 @@ def eager_step(model: Transformer) -> StepFn:
     return step
 
 
-Call = tuple[list[int], int, Tensor | None]  # tokens, start, the reference's logits if known
+Call = tuple[list[int], int, Tensor]  # tokens, start, the artifact's logits (T, V)
 
 
-def _chunks(prompt: Sequence[int], ref: StepFn, steps: int) -> list[Call]:
-    """(tokens, start, ref logits) calls: prefill, greedy single steps, a 2-token rollback
-    re-feed, one step. The reference logits computed to pick the greedy tokens are kept, so the
-    (slow) eager reference runs each call once; the last three are left for ``parity`` to run."""
-    calls: list[Call] = [(list(prompt), 0, None)]
-    for k in range(steps):
-        tokens, start, _ = calls[k]
-        logits = ref(torch.tensor(tokens), start)
-        calls[k] = (tokens, start, logits)
-        calls.append(([int(logits[-1].argmax())], start + len(tokens), None))
+def _artifact_calls(prompt: Sequence[int], artifact: StepFn, steps: int) -> list[Call]:
+    """The artifact's calls, in order (its cache follows them): prefill, ``steps`` greedy single
+    steps (the artifact's own argmax), a 2-token re-feed one slot after the prompt's end (a
+    rejected draft rolled back) and one more step."""
+    calls: list[Call] = []
+    tokens, start = list(prompt), 0
+    for _ in range(steps + 1):
+        logits = artifact(torch.tensor(tokens, dtype=torch.long), start)  # (T, V)
+        calls.append((tokens, start, logits))
+        start, tokens = start + len(tokens), [int(logits[-1].argmax())]
     first = calls[1][0][0] if steps else 5
     back = len(prompt) + 1  # rollback: overwrite from the second decoded slot
-    calls.append(([first, (first + 1) % 7 + 3], back - 1, None))
-    calls.append(([5], back + 1, None))
+    for tokens, start in (([first, (first + 1) % 7 + 3], back - 1), ([5], back + 1)):
+        calls.append((tokens, start, artifact(torch.tensor(tokens, dtype=torch.long), start)))
     return calls
+
+
+def _reference_rows(calls: list[Call], ref: StepFn) -> list[Tensor]:
+    """The reference's logits for each call's rows, in two (slow, eager) calls: the decoded
+    sequence as one prefill, then the rollback branch (re-feed + step) from its first slot.
+    Rows depend only on the tokens before them, so these are the same rows the artifact's
+    incremental calls computed (to float rounding)."""
+    main, branch = calls[:-2], calls[-2:]
+    seq = ref(torch.tensor([t for tokens, _, _ in main for t in tokens], dtype=torch.long), 0)
+    rows = [seq[start : start + len(tokens)] for tokens, start, _ in main]
+    ids = [t for tokens, _, _ in branch for t in tokens]
+    alt = ref(torch.tensor(ids, dtype=torch.long), branch[0][1])  # (3, V)
+    return [*rows, alt[: len(branch[0][0])], alt[len(branch[0][0]) :]]
 
 
 def parity(
     artifact: StepFn, ref: StepFn, prompts: Sequence[Sequence[int]], *, decode_steps: int = 3
 ) -> dict[str, float]:
-    """Compare ``artifact`` with ``ref`` over every call of ``_chunks`` for every prompt."""
+    """Compare ``artifact`` with ``ref`` on every row of ``_artifact_calls`` for every prompt:
+    max |logit diff| (also over the rollback calls alone) and top-1 agreement."""
     worst = rollback = scale = 0.0
     agree = rows = 0
     for prompt in prompts:
-        calls = _chunks(prompt, ref, decode_steps)
-        for k, (tokens, start, known) in enumerate(calls):
-            ids = torch.tensor(tokens, dtype=torch.long)
-            a = artifact(ids, start)  # (T, V), called in order: the artifact's cache follows
-            b = known if known is not None else ref(ids, start)  # (T, V)
-            diff = float((a - b).abs().max())
+        calls = _artifact_calls(prompt, artifact, decode_steps)
+        for k, ((tokens, _, a), b) in enumerate(
+            zip(calls, _reference_rows(calls, ref), strict=True)
+        ):
+            diff = float((a - b).abs().max())  # a, b: (T, V)
             worst = max(worst, diff)
             if k >= len(calls) - 2:
                 rollback = max(rollback, diff)

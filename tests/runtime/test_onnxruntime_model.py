@@ -113,3 +113,31 @@ def test_fused_graph_matches_eager_through_rollback(tmp_path: Path, n_kv_heads: 
     ort_model = OrtModel(path, info, threads=1)
     for a, b in zip(_script(ort_model), _script(EagerLM(model)), strict=True):
         assert float((a - b).abs().max()) < TOL
+
+
+def test_fused_graph_logits_belong_to_the_caller(tmp_path: Path) -> None:
+    """Fused (SHARED-cache) graphs write the logits straight into the returned array: a later
+    call must not overwrite an earlier call's logits, and 4 KiB pages give the same numbers."""
+    import dataclasses
+
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from runtime_helpers import tiny_spec
+
+    from omnidraft_deploy.reference.model import build_model
+
+    spec = dataclasses.replace(tiny_spec(64), n_heads=2, n_kv_heads=2)
+    model = build_model(spec, seed=5, init_std=0.2)
+    path = tmp_path / "fused.onnx"
+    info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
+    export_onnx(model, path, info=info, fused=True)
+    outs = {}
+    for huge_pages in (True, False):
+        ort_model = OrtModel(path, info, threads=1, huge_pages=huge_pages)
+        outs[huge_pages] = _script(ort_model)
+        first = outs[huge_pages][0]
+        assert not np.shares_memory(first.numpy(), outs[huge_pages][1].numpy())
+        again = ort_model.graph.run(np.array([[3, 1, 4, 1, 5, 9, 2]]), np.arange(7, dtype=np.int64))
+        assert torch.equal(first, torch.from_numpy(again))  # the prefill's rows, still intact
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a, b)

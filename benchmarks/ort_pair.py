@@ -5,7 +5,8 @@ MatMulNBits) and verified against eager PyTorch before use, under the recipe's t
 (``verify_graph``: top-1 agreement >= the recipe's ``min_top1``; the max |logit diff| is recorded,
 not gated, since greedy decoding only reads the argmax and every output is compared with our ORT
 target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions use
-``profile.ort_session`` (explicit intra-op threads, no spinning).
+``profile.ort_session`` (explicit intra-op threads, no spinning) with their weights on huge pages
+(``ort_graph``).
 
 Methods (``real_pair.RunFn``): ``ours_target`` (target-only on the ORT target graph);
 ``ours_<drafter>`` (cost-aware drafting with that drafter, no lookup); ``ours_lookup`` (lookup
@@ -153,11 +154,16 @@ def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_le
 
 
 def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
+    """``OrtModel`` on a ``profile.ort_session`` (explicit threads, no spinning: target and drafter
+    sessions alternate on the same cores) with its weights on huge pages, as ``OrtModel``'s own
+    sessions have (``omnidraft_deploy.hugepages``; 10-13% faster decoding here, both roles)."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
+    from omnidraft_deploy.hugepages import on_huge_pages
     from omnidraft_deploy.profile import ort_session
 
-    return OrtModel(path, info, session=ort_session(path, threads=threads))
+    session = on_huge_pages(lambda: ort_session(path, threads=threads))
+    return OrtModel(path, info, session=session)
 
 
 def mapper_for(drafter_tok: str, target_tok: Any) -> tuple[VocabMapper, Any]:

@@ -100,9 +100,18 @@ def _confident(v: int = 50) -> torch.Tensor:
 
 
 def test_cost_policy_choices_on_synthetic_profiles() -> None:
-    bad = CostAwareDraftLen(REAL, max_len=8, prior=0.2, explore_every=3)
+    bad = CostAwareDraftLen(REAL, max_len=8, prior=0.2, explore_every=3, explore_max=12)
     assert [bad.next_draft_len() for _ in range(3)] == [0, 0, 0]
     assert bad.next_draft_len() == 8  # exploration after 3 skipped steps
+    bad.update(1, 0)  # the probe's token was rejected: the next probe waits 6, then 12, 12
+    probes = [k for k in (bad.next_draft_len() for _ in range(6 + 1 + 12 + 1 + 12 + 1)) if k]
+    assert len(probes) == 3
+    gaps = []
+    for _ in range(40):
+        gaps.append(bad.next_draft_len())
+    assert gaps.count(8) == 40 // 13  # capped at explore_max
+    bad.rate = 0.99  # drafting pays again: every step drafts, and the interval resets
+    assert bad.next_draft_len() == 8 and bad._interval == 3
     good = CostAwareDraftLen(FREE_VERIFY, max_len=8, prior=0.9)
     assert good.next_draft_len() == 8
     assert all(good.keep_drafting(i, _confident()) for i in range(3))  # cheap: keep going

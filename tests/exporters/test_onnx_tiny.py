@@ -172,6 +172,22 @@ def test_fused_graph_uses_contrib_ops_and_shared_caches(fused) -> None:
     assert cache_io_of([o.name for o in sess.get_outputs()]) is CacheIO.SHARED
 
 
+def test_fused_int4_graph_keeps_the_lm_head_at_8_bits(fused) -> None:
+    import onnx
+
+    path, _ = fused["int4"]
+    bits = {n.name: a.i for n in onnx.load(str(path)).graph.node if n.op_type == "MatMulNBits"
+            for a in n.attribute if a.name == "bits"}  # fmt: skip
+    head = [b for name, b in bits.items() if name == _node_writing(path, "lm_head/out")]
+    assert head == [8] and set(bits.values()) == {4, 8} and list(bits.values()).count(8) == 1
+
+
+def _node_writing(path: Path, output: str) -> str:
+    import onnx
+
+    return next(n.name for n in onnx.load(str(path)).graph.node if output in n.output)
+
+
 @pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
 def test_fused_graph_matches_eager_incl_rollback(fused, quant: str) -> None:
     path, info = fused[quant]

@@ -146,6 +146,7 @@ def _export_fused(
     bundle_hash: str, invariant: bool,
 ) -> Path:  # fmt: skip
     from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model, weight_bytes
+    from omnidraft_deploy.exporters.onnx_invariant import SPAN_BLOCK
 
     name = recipe.name if recipe else "fp32"
     if not can_fuse(model.args, name):
@@ -153,10 +154,10 @@ def _export_fused(
             f"{path.name}: no fused graph for {name!r} (recipes {FUSED_RECIPES}) with head_dim "
             f"{model.args.head_dim} (GroupQueryAttention needs a multiple of 16)"
         )
-    if invariant and model.args.max_seq_len % 64:
+    if invariant and model.args.max_seq_len % SPAN_BLOCK:
         raise ValueError(
-            f"{path.name}: batch-invariant attention spans whole blocks of 64 slots; max_seq_len "
-            f"{model.args.max_seq_len} is not a multiple of 64"
+            f"{path.name}: batch-invariant attention spans whole blocks of {SPAN_BLOCK} slots; "
+            f"max_seq_len {model.args.max_seq_len} is not a multiple of {SPAN_BLOCK}"
         )
     big = weight_bytes(model, recipe) > _TWO_GB - 2**27  # headroom for the graph itself
     data_name = f"{path.name}.data"

@@ -160,9 +160,7 @@ def _attention(
     qkv = g.linear(f"layers.{i}.qkv_proj", h, w, b)
     out = f"layers.{i}.attn/out"
     if pos is None:
-        out = onnx_invariant.attention(
-            g, qkv, i, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim
-        )
+        out = onnx_invariant.attention(g, qkv, i, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads)
         return g.linear(f"layers.{i}.o_proj", out, attn.o_proj.weight)
     g.node(
         "GroupQueryAttention",
@@ -215,7 +213,9 @@ def build_graph(
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
     if invariant:
-        onnx_invariant.prepare(g, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim)
+        onnx_invariant.prepare(
+            g, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim
+        )
     pos = None if invariant else _positions(g)
     emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
     g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])

@@ -106,7 +106,8 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
     probes alone cost 5-8% (SmolLM2 -> Qwen2.5 int8, reports/real_pair_nobackoff.md). Drafting
     that pays again resets it. The price: a drafter that starts to pay is noticed late (SmolLM2
     on summarisation after three tasks where it did not: 1.06x without backoff, 0.97x with it;
-    a cap of 64 instead of 256 did not bring it back, 0.95x, and left math at 0.94x). ``enabled`` False forces k = 0 (the hybrid proposer's lookup / plain steps).
+    a cap of 64 instead of 256 did not bring it back, 0.95x, and left math at 0.94x).
+    ``enabled`` False forces k = 0 (the hybrid proposer's lookup / plain steps).
     """
 
     def __init__(self, profile: CostProfile, max_len: int = 8, *, prior: float = 0.6,

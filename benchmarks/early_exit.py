@@ -76,7 +76,8 @@ class Config:
     adapt_lr: float = 5e-4  # AdamW, as the offline recipe
     adapt_steps: int = 4  # optimiser steps after each adaptation prompt
     lam: float = 1.0
-    train_layers: int = 1  # as the offline recipe: last block + final norm
+    train_layers: int = 1  # last block + final norm
+    guard: bool = True  # OnlineDistiller's held-out guard (AdaptConfig.guard)
     threads: int = 2
     check_target: bool = True
     out_dir: str = "reports"
@@ -88,7 +89,7 @@ def _adapted(offline: Transformer, target: Transformer, mapper: Any, prompts: li
     drafter = copy.deepcopy(offline)
     freeze_all_but_last(drafter, cfg.train_layers)
     acfg = AdaptConfig(lr=cfg.adapt_lr, lam=cfg.lam, batch_size=2,
-                       steps_per_update=cfg.adapt_steps, seq_len=96)  # fmt: skip
+                       steps_per_update=cfg.adapt_steps, seq_len=96, guard=cfg.guard)  # fmt: skip
     distiller = make_distiller(drafter, mapper, acfg)
     dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, eos_ids=eos,
                         vocab_limit=mapper.target_vocab_size)  # fmt: skip
@@ -96,6 +97,7 @@ def _adapted(offline: Transformer, target: Transformer, mapper: Any, prompts: li
                              FixedDraftLen(cfg.draft_len), NGramCache(), config=dcfg)  # fmt: skip
     rep = adapt_stream(dec, distiller, prompts)
     return drafter, {"adapt_acceptance": rep.acceptance, "optimizer_steps": rep.optimizer_steps,
+                     "rolled_back": rep.rolled_back,
                      "adapt_s": rep.seconds, "adapt": asdict(acfg)}  # fmt: skip
 
 

@@ -182,7 +182,7 @@ def _traced(dec: SpeculativeDecoder, profile: CostProfile) -> Any:
             trace = dec.drafter.trace
             base, spec = predicted_times(profile, trace, len(ids))
             sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
-            terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace).items()}
+            terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace, len(ids)).items()}
             traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources,
                             **terms}  # fmt: skip
         return out, st.wall_s, traced

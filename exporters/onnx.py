@@ -117,7 +117,7 @@ def export_onnx(
     return path
 
 
-FUSED_RECIPES = ("fp32", "int8", "int4")
+FUSED_RECIPES = ("fp32", "int8", "int4", "w8a8")
 
 
 def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
@@ -127,10 +127,11 @@ def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
 
 
 # Recipes whose weight matmuls are bitwise batch-invariant on ONNX Runtime's CPU kernels:
-# MatMulNBits at accuracy_level 4 (per-row int8 activations, exact integer dot products). fp32
+# MatMulNBits at accuracy_level 4 (blockwise int8 activations, exact integer dot products) and
+# w8a8's MatMulInteger (per-row int8 activations). fp32
 # MatMul (MLAS SGEMM) sums in a different order for 1 row than for T rows, so fp32 graphs keep
 # GroupQueryAttention; their verification rows differ by ~1e-5 (reports/batch_invariance.json).
-INVARIANT_RECIPES = ("int8", "int4")
+INVARIANT_RECIPES = ("int8", "int4", "w8a8")
 
 
 def can_be_invariant(args: ModelArgs, recipe_name: str) -> bool:
@@ -166,6 +167,8 @@ def _export_fused(
         out = Path(tmp) / path.name
         with contextlib.ExitStack() as stack:
             data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
+            if name == "w8a8":
+                model = _smoothed_for_w8a8(model, info)
             with torch.no_grad():
                 proto = build_graph(
                     model, recipe, data=data, location=data_name, invariant=invariant
@@ -181,6 +184,24 @@ def _export_fused(
         path.name, name, t1 - t0, time.perf_counter() - t1, "external" if big else "inline",
     )  # fmt: skip
     return path
+
+
+def _smoothed_for_w8a8(model: Transformer, info: GraphInfo) -> Transformer:
+    """The SmoothQuant copy ``w8a8`` is written from (``exporters.smoothquant``), calibrated on
+    real text in the graph's own tokenizer, held out from the verification prompts."""
+    from omnidraft_deploy.exporters.calibration import calibration_prompts
+    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
+
+    vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
+    limit = min(128, model.args.max_seq_len)
+    prompts = [
+        [t % vocab for t in ids] for ids in calibration_prompts(info.tokenizer, limit) if ids
+    ]
+    t0 = time.perf_counter()
+    out = smoothed(model, activation_absmax(model, prompts))
+    log.info("%s: SmoothQuant calibrated on %d prompts (%d tokens) in %.1f s", info.file,
+             len(prompts), sum(map(len, prompts)), time.perf_counter() - t0)  # fmt: skip
+    return out
 
 
 def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:

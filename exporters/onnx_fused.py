@@ -8,7 +8,13 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   RoPE from cos/sin caches) and past/present KV buffers of ``max_seq_len`` slots;
 - weight matmuls as ``MatMul`` (fp32) or ``MatMulNBits`` (int8 symmetric / int4 asymmetric, blocks
   of ``group_size`` along the input dimension, ``accuracy_level=4``: int8 compute, ~24x faster
-  than fp32 compute for 8-bit weights here); gate|up packed into one matmul.
+  than fp32 compute for 8-bit weights here); gate|up packed into one matmul;
+- or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column) and int8
+  activations with one scale per row (``GraphWriter.linear_rows``): ONNX Runtime's int8 GEMM
+  (VNNI / AMX) instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
+  ``benchmarks/matmul_kernels.py``): Qwen2.5's lm_head 896x151936 takes 3.7 / 3.8 / 5.0 ms for
+  T = 1 / 2 / 8 rows against MatMulNBits' 5.9 / 7.5 / 13.7, so verification width gets cheap. The coarser activation scale needs SmoothQuant
+  (``exporters.smoothquant``), applied by the exporter before the graph is written.
 
 Cache contract (``omnidraft_deploy.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
 ``input_pos`` (contiguous positions; ``seqlens_k = input_pos[-1]``, ``total_sequence_length =
@@ -34,6 +40,7 @@ from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 MS = "com.microsoft"
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations x int8/int4 weights (fp32 accumulate)
+RECIPE_BITS = {"int8": 8, "int4": 4, "w8a8": 8}  # weight bits of the quantised recipes
 
 
 def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -68,11 +75,13 @@ class GraphWriter:
     named ``location`` in the graph, 4 KiB-aligned (a >2 GB model never exists as one message).
     """
 
-    def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = ""):
+    def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = "",
+                 act_rows: bool = False) -> None:  # fmt: skip
         from onnx import ModelProto, helper
 
         self.helper, self.model = helper, ModelProto()
-        self.bits, self.block = bits, block
+        self.bits, self.block, self.act_rows = bits, block, act_rows
+        self._shared: set[str] = set()
         self.data, self.location = data, location
         self.nodes: list[Any] = []
 
@@ -93,6 +102,13 @@ class GraphWriter:
             t.external_data.add(key=key, value=str(val))
         return name
 
+    def shared(self, name: str, value: np.ndarray) -> str:
+        """A small graph-wide constant, added on first use."""
+        if name not in self._shared:
+            self._shared.add(name)
+            self.const(name, value)
+        return name
+
     def node(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> list[str]:
         domain = MS if op in _CONTRIB else ""
         name = f"{op}_{len(self.nodes)}"
@@ -109,7 +125,9 @@ class GraphWriter:
         out = f"{name}/out"
         n, k = w.shape
         bits = self.bits if bits is None else bits
-        if bits == 0:
+        if bits == 8 and self.act_rows:
+            out = self.linear_rows(name, x, w)
+        elif bits == 0:
             self.node("MatMul", [x, self.const(f"{name}.weight_t", w.T.contiguous())], [out])
         else:
             q, scales, zp = quantize_blocks(w.detach(), bits, self.block)
@@ -124,6 +142,47 @@ class GraphWriter:
             return out
         self.node("Add", [out, self.const(f"{name}.bias", bias)], [f"{name}/biased"])
         return f"{name}/biased"
+
+    def linear_rows(self, name: str, x: str, w: Tensor) -> str:
+        """``x @ w.T`` as ``MatMulInteger``: ``w`` int8 symmetric per output column; each row of
+        ``x`` quantised symmetric int8 with its own scale (``max|row| / 127``), stored as uint8
+        with zero point 128 (ONNX Runtime's MatMulInteger takes one activation zero point).
+        Integer products are exact and every row's arithmetic is its own: batch-invariant."""
+        wt = w.detach().float().T.contiguous()  # (K, N)
+        w_scale = wt.abs().amax(0).clamp(min=1e-8) / 127.0
+        wq = torch.round(wt / w_scale).clamp(-127, 127).to(torch.int8)
+        f32 = np.float32
+        inv127, c128 = (
+            self.shared("rows/inv127", np.array(1 / 127, f32)),
+            self.shared("rows/c128", np.array(128, f32)),
+        )
+        eps, zp = (
+            self.shared("rows/eps", np.array(1e-10, f32)),
+            self.shared("rows/zp", np.array(128, np.uint8)),
+        )
+        last = self.shared("rows/last_axis", np.array([-1], np.int64))
+        p = f"{name}/rows"
+        self.node("Abs", [x], [f"{p}/abs"])
+        self.node("ReduceMax", [f"{p}/abs", last], [f"{p}/amax"], keepdims=1)
+        self.node("Mul", [f"{p}/amax", inv127], [f"{p}/scale0"])
+        self.node("Max", [f"{p}/scale0", eps], [f"{p}/scale"])  # an all-zero row stays zero
+        self.node("Div", [x, f"{p}/scale"], [f"{p}/scaled"])
+        self.node("Round", [f"{p}/scaled"], [f"{p}/rounded"])
+        self.node("Add", [f"{p}/rounded", c128], [f"{p}/shifted"])
+        self.node("Cast", [f"{p}/shifted"], [f"{p}/xq"], to=2)  # uint8; |x/scale| <= 127
+        self.node(
+            "MatMulInteger",
+            [f"{p}/xq", self.const(f"{name}.qweight", wq.numpy()), zp],
+            [f"{p}/acc"],
+        )
+        self.node("Cast", [f"{p}/acc"], [f"{p}/accf"], to=1)
+        self.node("Mul", [f"{p}/accf", f"{p}/scale"], [f"{p}/row_scaled"])
+        self.node(
+            "Mul",
+            [f"{p}/row_scaled", self.const(f"{name}.wscale", w_scale.numpy())],
+            [f"{name}/out"],
+        )
+        return f"{name}/out"
 
 
 _CONTRIB = {
@@ -207,15 +266,18 @@ def build_graph(
     from onnx import TensorProto, helper
 
     a = model.args
-    bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
-    g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location)
-    cos, sin = model.get_buffer("rope_cos"), model.get_buffer("rope_sin")  # the eager model's own tables (scaling included)
+    name = recipe.name if recipe else "fp32"
+    bits = RECIPE_BITS.get(name, 0)
+    g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location,
+                    act_rows=name == "w8a8")  # fmt: skip
+    cos, sin = (
+        model.get_buffer("rope_cos"),
+        model.get_buffer("rope_sin"),
+    )  # the eager model's own tables (scaling included)
     g.const("cos_cache", cos[:, : a.head_dim // 2].contiguous())
     g.const("sin_cache", sin[:, : a.head_dim // 2].contiguous())
     if invariant:
-        onnx_invariant.prepare(
-            g, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim
-        )
+        onnx_invariant.prepare(g, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim)
     pos = None if invariant else _positions(g)
     emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
     g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])
@@ -254,7 +316,7 @@ def weight_bytes(model: Transformer, recipe: QuantRecipe | None) -> int:
     """Bytes the fused graph's initializers will take (decides external data before building):
     fp32 tables and norms, ``bits/8`` per quantised weight plus a 4-byte scale per block."""
     a = model.args
-    bits = {"int8": 8, "int4": 4}.get(recipe.name if recipe else "fp32", 0)
+    bits = RECIPE_BITS.get(recipe.name if recipe else "fp32", 0)
     block = recipe.group_size if recipe else 32
     total = 0
     for name, p in model.named_parameters():

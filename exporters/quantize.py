@@ -17,7 +17,8 @@ torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the 
   in the ExecuTorch runtime.
 
 ``onnx`` recipes act on the exported fp32 graph: ``int8`` (``quantize_dynamic``, int8 weights,
-dynamic uint8 activations) and ``int4`` (``MatMulNBitsQuantizer``, blockwise int4 MatMulNBits).
+dynamic uint8 activations) and ``int4`` (``MatMulNBitsQuantizer``, blockwise int4 MatMulNBits);
+``w8a8`` (per-row int8 activations after SmoothQuant) exists in the fused graph only.
 ``qnn`` recipes belong to ``exporters.qnn``. Tolerances bound the max |logit difference| and the
 top-1 agreement against eager fp32 on the verification prompts; they go into the manifest.
 """
@@ -188,3 +189,8 @@ def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
             )
             quant.process()
         quant.model.save_model_to_file(str(dst), use_external_data_format=False)
+        return
+    raise ValueError(
+        f"{src.name}: ONNX recipe {recipe.name!r} is written by the fused exporter only "
+        "(exporters.onnx_fused; it needs head_dim % 16 == 0), not applied to a traced graph"
+    )

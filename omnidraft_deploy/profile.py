@@ -71,14 +71,24 @@ def _timed(fn: Callable[[], object]) -> float:
 
 @torch.inference_mode()
 def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
-            context: int = 64, reps: int = 5,
+            context: int = 64, far_context: int | None = None, reps: int = 5,
             progress: Progress = lambda r: r) -> dict[str, CostProfile]:  # fmt: skip
-    """drafter name -> profile (the target's latencies shared); ``""``: no drafter (lookup)."""
-    ids = (torch.arange(context + k_max + 1) * 7919 % 5000 + 100).long()
+    """drafter name -> profile (the target's latencies shared); ``""``: no drafter (lookup).
+
+    ``far_context``: also time the target's calls with that many cached tokens (the profile's
+    ``target_ms_far``: cost grows with the KV length); None: ``default_far_context``."""
+    far = default_far_context(target, context, k_max) if far_context is None else far_context
+    if far and far + k_max + 1 > target.max_seq_len:
+        raise ValueError(f"far_context {far} + {k_max + 1} tokens exceeds the target's "
+                         f"max_seq_len {target.max_seq_len}")  # fmt: skip
+    ids = (torch.arange(max(context, far) + k_max + 1) * 7919 % 5000 + 100).long()
     models: dict[str, CausalLM] = {"": target, **drafters}
     for lm in models.values():
         lm.forward(ids[:context], 0)  # fill the KV cache; the timed calls read it
+    if far:
+        target.forward(ids[:far], 0)  # near calls rewrite slots >= context only
     jobs = [("", t) for t in range(1, k_max + 2)] + [(n, t) for n in drafters for t in (1, 2, 3)]
+    jobs += [("far", t) for t in range(1, k_max + 2)] if far else []
     jobs.append(("prefill", context))
     times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
     logits = target.forward(ids[context : context + 5], context)
@@ -88,6 +98,8 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
         for name, t in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
             if name == "prefill":
                 times[(name, t)].append(_call(target, ids[:t], 0) / t)
+            elif name == "far":
+                times[(name, t)].append(_call(target, ids[far : far + t], far))
             else:
                 times[(name, t)].append(_call(models[name], ids[context : context + t], context))
         host.append(_timed(lambda: _host_step(logits)))
@@ -100,11 +112,21 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
     prefill = statistics.median(times[("prefill", context)])
     common: dict[str, Any] = {"target_ms": target_ms, "lookup_ms": lookup_ms,
                               "overhead_ms": statistics.median(host),
-                              "prefill_ms_per_token": prefill}  # fmt: skip
+                              "prefill_ms_per_token": prefill, "context": context}  # fmt: skip
+    if far:
+        common |= {"far_context": far, "target_ms_far": med("far", range(1, k_max + 2))}
     out = {"": CostProfile(**common)}
     for name in drafters:
         out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)), **common)
     return out
+
+
+def default_far_context(target: CausalLM, context: int, k_max: int) -> int:
+    """A second KV length for the profile: 3/4 of the target's ``max_seq_len`` (where the longest
+    prompts decode), or 0 (none) when that is not well past ``context``."""
+    far = (3 * target.max_seq_len) // 4
+    far = min(far, target.max_seq_len - k_max - 1)
+    return far if far >= 2 * context else 0
 
 
 def _host_step(logits: torch.Tensor) -> None:

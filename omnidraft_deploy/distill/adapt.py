@@ -38,6 +38,7 @@ class AdaptConfig:
     seq_len: int = 96  # drafter-token window of one training row
     buffer_size: int = 256
     buffer_policy: BufferPolicy = BufferPolicy.FIFO
+    guard: bool = True  # keep an update only if it lowers the loss on traffic it has not seen
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "sgd"):
@@ -53,6 +54,7 @@ class AdaptReport:
     acceptance: list[float] = field(default_factory=list)  # per prompt, while adapting
     optimizer_steps: int = 0
     seconds: float = 0.0
+    rolled_back: int = 0  # updates the held-out guard undid (``AdaptConfig.guard``)
 
     @property
     def mean_acceptance(self) -> float:
@@ -64,7 +66,7 @@ def make_distiller(drafter: Transformer, mapper: MapperLike, cfg: AdaptConfig) -
     buffer = ReplayBuffer(cfg.buffer_size, policy=cfg.buffer_policy, max_context=cfg.seq_len)
     return OnlineDistiller(drafter, mapper, lr=cfg.lr, lam=cfg.lam, batch_size=cfg.batch_size,
                            steps_per_update=cfg.steps_per_update, optimizer=cfg.optimizer,
-                           seq_len=cfg.seq_len, buffer=buffer)  # fmt: skip
+                           seq_len=cfg.seq_len, buffer=buffer, guard=cfg.guard)  # fmt: skip
 
 
 def adapt_stream(
@@ -82,12 +84,19 @@ def adapt_stream(
     (``distiller.update``), e.g. by an exported train step that then loads the weights into
     ``distiller.drafter``; it returns the optimiser steps it took. Returns the acceptance per prompt.
     """
-    t0, trace, steps = time.perf_counter(), [], 0
+    if update is not None and distiller.guard:
+        raise ValueError("the held-out guard runs in distiller.update(); an external update "
+                         "step needs a distiller made with AdaptConfig(guard=False)")  # fmt: skip
+    t0, trace, steps, rolled_back = time.perf_counter(), [], 0, 0
     for i, prompt in enumerate(prompts):
         _, stats = decoder.generate(prompt, observer=distiller)
         trace.append(stats.acceptance_rate)
-        steps += update() if update is not None else distiller.update().steps
+        if update is not None:
+            steps += update()
+        else:
+            upd = distiller.update()
+            steps, rolled_back = steps + upd.steps, rolled_back + (not upd.kept)
         log.info("adapt %d/%d: acceptance %.3f", i + 1, len(prompts), stats.acceptance_rate)
     if publish is not None:
         publish(distiller.drafter)
-    return AdaptReport(trace, steps, time.perf_counter() - t0)
+    return AdaptReport(trace, steps, time.perf_counter() - t0, rolled_back)

@@ -7,6 +7,13 @@ the last / a uniform sample of these steps. ``OnlineDistiller.update()`` samples
 steps, translates them into drafter rows (``align.build_example``) and takes ``steps_per_update``
 optimiser steps of ``L_DM + lam * L_Ngram`` with ``Transformer.forward_train``.
 
+Held-out guard (``guard=True``): observations of the traffic since the last update are held out
+of the buffer until that update has run; the update trains on the older observations, and is kept
+only if it lowers the hybrid loss on the held-out ones (otherwise weights and optimiser state go
+back). An update must generalise to text it has not seen, so a few prompts of adaptation cannot
+overfit the drafter to them (measured on the early-exit drafter without the guard: acceptance
+on held-out prompts 0.098 after offline distillation, 0.090 after six prompts of adaptation).
+
 Thread safety: the buffer is guarded by its own lock (``observe`` from the decoding thread,
 ``sample`` from the learner). The learner trains a private copy of the drafter; the decoder's
 drafter is only written in ``_publish``, which copies the trained weights in place while holding
@@ -18,6 +25,7 @@ sees half-copied weights. Called between requests, no locking is needed by the c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import random
 import threading
@@ -41,6 +49,19 @@ class Observation:
     new_ids: tuple[int, ...]  # target ids committed by the step
     topk_ids: Tensor  # (n, k) int64 target ids
     topk_probs: Tensor  # (n, k) float32
+
+
+def observation(context_ids: list[int], new_ids: list[int], topk_ids: Tensor,
+                topk_probs: Tensor, max_context: int) -> Observation:  # fmt: skip
+    """A checked, detached ``Observation`` (context left-truncated to ``max_context`` ids)."""
+    if topk_ids.shape != topk_probs.shape or topk_ids.shape[0] != len(new_ids):
+        raise ValueError(
+            f"top-k shapes {tuple(topk_ids.shape)}/{tuple(topk_probs.shape)} do "
+            f"not match {len(new_ids)} new tokens"
+        )
+    ctx = tuple(context_ids[-max_context:]) if max_context else ()
+    return Observation(ctx, tuple(new_ids), topk_ids.detach().to(torch.long).clone(),
+                       topk_probs.detach().float().clone())  # fmt: skip
 
 
 class BufferPolicy(StrEnum):
@@ -74,18 +95,9 @@ class ReplayBuffer:
         self, context_ids: list[int], new_ids: list[int], topk_ids: Tensor, topk_probs: Tensor
     ) -> None:
         """Decoder callback; ``topk_ids / topk_probs: (len(new_ids), k)``."""
-        if topk_ids.shape != topk_probs.shape or topk_ids.shape[0] != len(new_ids):
-            raise ValueError(
-                f"top-k shapes {tuple(topk_ids.shape)}/{tuple(topk_probs.shape)} do "
-                f"not match {len(new_ids)} new tokens"
-            )
-        ctx = tuple(context_ids[-self.max_context :]) if self.max_context else ()
-        obs = Observation(
-            ctx,
-            tuple(new_ids),
-            topk_ids.detach().to(torch.long).clone(),
-            topk_probs.detach().float().clone(),
-        )
+        self.add(observation(context_ids, new_ids, topk_ids, topk_probs, self.max_context))
+
+    def add(self, obs: Observation) -> None:
         with self._lock:
             self.n_seen += 1
             if len(self._items) < self.capacity:
@@ -117,6 +129,9 @@ class UpdateStats:
     dm_rows: int
     ngram_spans: int
     seconds: float
+    kept: bool = True  # False: the held-out guard rolled the steps back
+    heldout_before: float = float("nan")  # guard: held-out loss before / after the steps
+    heldout_after: float = float("nan")
 
 
 class OnlineDistiller:
@@ -134,6 +149,7 @@ class OnlineDistiller:
         optimizer: str = "adamw",
         seq_len: int = 128,
         buffer: ReplayBuffer | None = None,
+        guard: bool = False,
     ) -> None:
         if batch_size < 1 or steps_per_update < 1 or lr <= 0 or lam < 0:
             raise ValueError(
@@ -153,12 +169,21 @@ class OnlineDistiller:
         self._student = copy.deepcopy(drafter).train()
         self._opt = _make_optimizer(optimizer, self._student, lr)
         self._update_lock = threading.Lock()  # one update() at a time
+        self.guard = guard
+        self._held: list[Observation] = []  # guard: traffic since the last update
+        self._held_lock = threading.Lock()  # observe() must not wait for a running update
 
     def observe(
         self, context_ids: list[int], new_ids: list[int], topk_ids: Tensor, topk_probs: Tensor
     ) -> None:
-        """Forward to the buffer, so the distiller itself can be passed as the observer."""
-        self.buffer.observe(context_ids, new_ids, topk_ids, topk_probs)
+        """Forward to the buffer (guard: hold it out until the next update), so the distiller
+        itself can be passed as the observer."""
+        if not self.guard:
+            self.buffer.observe(context_ids, new_ids, topk_ids, topk_probs)
+            return
+        obs = observation(context_ids, new_ids, topk_ids, topk_probs, self.buffer.max_context)
+        with self._held_lock:
+            self._held.append(obs)
 
     __call__ = observe
 
@@ -198,24 +223,74 @@ class OnlineDistiller:
         )
 
     def update(self) -> UpdateStats:
-        """Take ``steps_per_update`` steps on fresh samples, then publish the weights."""
-        t0, losses, n_dm, n_ng = time.perf_counter(), [], 0, 0
+        """Take ``steps_per_update`` steps on fresh samples, then publish the weights (guard:
+        only if the held-out loss went down; the held-out traffic then joins the buffer)."""
         with self._update_lock:
-            for _ in range(self.steps_per_update):
-                obs = self.buffer.sample(self.batch_size)
-                if not obs:
-                    break
-                batch, dm_rows, spans = self.make_batch(obs)
-                if dm_rows == 0 and (spans == 0 or self.lam == 0):
-                    continue
-                self._opt.zero_grad(set_to_none=True)
-                loss = self.batch_loss(self._student, batch)
-                loss.backward()
-                self._opt.step()
-                losses.append(float(loss.detach()))
-                n_dm, n_ng = n_dm + dm_rows, n_ng + spans
-            if losses:
-                self._publish()
+            return self._guarded() if self.guard else self._steps(publish=True)
+
+    def _guarded(self) -> UpdateStats:
+        with self._held_lock:
+            held, self._held = self._held, []
+        held_batch = self._heldout_batch(held)
+        if held_batch is None or len(self.buffer) == 0:
+            self._release(held)
+            return UpdateStats(0, float("nan"), 0, 0, 0.0)
+        before, saved = self._heldout_loss(held_batch), self._snapshot()
+        stats = self._steps(publish=False)
+        after = self._heldout_loss(held_batch)
+        kept = stats.steps > 0 and after < before
+        if not kept:
+            self._restore(saved)
+        self._publish()
+        self._release(held)
+        log.debug("guarded update: held-out loss %.4f -> %.4f, kept %s", before, after, kept)
+        return dataclasses.replace(stats, kept=kept, heldout_before=before, heldout_after=after)
+
+    def _heldout_batch(self, held: list[Observation]) -> dict[str, Tensor] | None:
+        if not held:
+            return None
+        batch, dm_rows, spans = self.make_batch(held)
+        return batch if dm_rows or (spans and self.lam) else None
+
+    @torch.no_grad()
+    def _heldout_loss(self, batch: dict[str, Tensor]) -> float:
+        return float(self.batch_loss(self._student.eval(), batch))
+
+    def _snapshot(self) -> tuple[list[Tensor], dict]:
+        params = [p.detach().clone() for p in self._student.parameters() if p.requires_grad]
+        return params, copy.deepcopy(self._opt.state_dict())
+
+    def _restore(self, saved: tuple[list[Tensor], dict]) -> None:
+        params, opt_state = saved
+        with torch.no_grad():
+            trainable = [p for p in self._student.parameters() if p.requires_grad]
+            for dst, src in zip(trainable, params, strict=True):
+                dst.copy_(src)
+        self._opt.load_state_dict(opt_state)
+
+    def _release(self, held: list[Observation]) -> None:
+        for o in held:
+            self.buffer.add(o)
+
+    def _steps(self, *, publish: bool) -> UpdateStats:
+        """``steps_per_update`` optimiser steps on buffer samples (caller holds the update lock)."""
+        t0, losses, n_dm, n_ng = time.perf_counter(), [], 0, 0
+        self._student.train()
+        for _ in range(self.steps_per_update):
+            obs = self.buffer.sample(self.batch_size)
+            if not obs:
+                break
+            batch, dm_rows, spans = self.make_batch(obs)
+            if dm_rows == 0 and (spans == 0 or self.lam == 0):
+                continue
+            self._opt.zero_grad(set_to_none=True)
+            loss = self.batch_loss(self._student, batch)
+            loss.backward()
+            self._opt.step()
+            losses.append(float(loss.detach()))
+            n_dm, n_ng = n_dm + dm_rows, n_ng + spans
+        if losses and publish:
+            self._publish()
         mean = sum(losses) / len(losses) if losses else float("nan")
         stats = UpdateStats(len(losses), mean, n_dm, n_ng, time.perf_counter() - t0)
         log.debug("online update: %s", stats)

@@ -38,11 +38,25 @@ class CostProfile:
     lookup_ms: float = 0.0  # host cost of one lookup proposal
     overhead_ms: float = 0.0  # host cost of one speculative step (mapping, verify, bookkeeping)
     prefill_ms_per_token: float = 0.0
+    # The KV length ``target_ms`` was measured at, and the target's latencies at a longer one:
+    # attention reads every cached slot, so a call costs more deep into a long prompt (the
+    # batch-invariant Qwen2.5-0.5B w8a8 graph: 30.1 / 45.6 ms for T = 1 / 9 at 64 cached tokens,
+    # 35.1 / 58.7 ms at 448). Without ``target_ms_far`` a call costs the same at any position.
+    context: int = 0
+    far_context: int = 0
+    target_ms_far: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.target_ms:
             raise ValueError("a cost profile needs the target's 1-token latency at least")
-        for name in ("target_ms", "drafter_ms"):
+        if self.target_ms_far and (len(self.target_ms_far) != len(self.target_ms)
+                                   or not self.far_context > self.context >= 0):  # fmt: skip
+            raise ValueError(
+                f"target_ms_far needs one latency per width of target_ms ({len(self.target_ms)}) "
+                f"and far_context > context, got {len(self.target_ms_far)} widths, contexts "
+                f"{self.context} / {self.far_context}"
+            )
+        for name in ("target_ms", "drafter_ms", "target_ms_far"):
             vals = getattr(self, name)
             if any(not v > 0 for v in vals):  # rejects NaN too
                 raise ValueError(f"{name} must be positive latencies, got {list(vals)}")
@@ -52,6 +66,15 @@ class CostProfile:
 
     def target(self, n_tokens: int) -> float:
         return _width(self.target_ms, n_tokens)
+
+    def target_at(self, n_tokens: int, pos: int | None) -> float:
+        """Latency of an ``n_tokens`` call whose first token goes to position ``pos``: linear in
+        the KV length between the two measured contexts (``target`` when either is unknown)."""
+        near = self.target(n_tokens)
+        if pos is None or not self.target_ms_far:
+            return near
+        slope = (_width(self.target_ms_far, n_tokens) - near) / (self.far_context - self.context)
+        return max(near + slope * (pos - self.context), 0.5 * near)
 
     def drafter(self, n_tokens: int = 1) -> float:
         return _width(self.drafter_ms, n_tokens) if self.drafter_ms else 0.0
@@ -82,6 +105,9 @@ class CostProfile:
                 lookup_ms=float(raw.get("lookup_ms", 0.0)),
                 overhead_ms=float(raw.get("overhead_ms", 0.0)),
                 prefill_ms_per_token=float(raw.get("prefill_ms_per_token", 0.0)),
+                context=int(raw.get("context", 0)),
+                far_context=int(raw.get("far_context", 0)),
+                target_ms_far=tuple(float(v) for v in raw.get("target_ms_far", ())),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{source}: not a cost profile ({e})") from None
@@ -114,12 +140,14 @@ def expected_tokens(acceptance: Sequence[float]) -> float:
     return total
 
 
-def step_ms(profile: CostProfile, drafter_calls: int, n_proposed: int, *, lookup: bool) -> float:
-    """Cost of one step: drafter calls, one target call over ``n_proposed + 1`` tokens, host."""
+def step_ms(profile: CostProfile, drafter_calls: int, n_proposed: int, *, lookup: bool,
+            pos: int | None = None) -> float:  # fmt: skip
+    """Cost of one step: drafter calls, one target call over ``n_proposed + 1`` tokens (at
+    position ``pos``: ``CostProfile.target_at``), host."""
     if n_proposed == 0 and drafter_calls == 0 and not lookup:
-        return profile.target(1)  # a plain target step
+        return profile.target_at(1, pos)  # a plain target step
     host = profile.overhead_ms + (profile.lookup_ms if lookup else 0.0)
-    return drafter_calls * profile.drafter(1) + profile.target(n_proposed + 1) + host
+    return drafter_calls * profile.drafter(1) + profile.target_at(n_proposed + 1, pos) + host
 
 
 def marginal_ms(profile: CostProfile, n_proposed: int, *, model: bool) -> float:
@@ -166,13 +194,16 @@ def predicted_times(
     profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int
 ) -> tuple[float, float]:
     """(target-only ms, speculative ms) the profile predicts for a generation that took ``steps``;
-    both pay the same prefill of ``prompt_len - 1`` tokens."""
+    both pay the same prefill of ``prompt_len - 1`` tokens, and every call is costed at its
+    position (``CostProfile.target_at``: the first step feeds position ``prompt_len - 1``)."""
     prefill = max(0, prompt_len - 1) * profile.prefill_ms_per_token
-    tokens = sum(s.accepted + 1 for s in steps)
-    spec = prefill + sum(
-        step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup") for s in steps
-    )
-    return prefill + tokens * profile.value_ms, spec
+    pos = start = max(0, prompt_len - 1)
+    spec = prefill
+    for s in steps:
+        spec += step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup", pos=pos)
+        pos += s.accepted + 1
+    base = prefill + sum(profile.target_at(1, p) for p in range(start, pos))
+    return base, spec
 
 
 def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int) -> float:
@@ -181,19 +212,25 @@ def predicted_speedup(profile: CostProfile, steps: Sequence[StepRecord], prompt_
     return base / spec if spec > 0 else 0.0
 
 
-def cost_terms(profile: CostProfile, steps: Sequence[StepRecord]) -> dict[str, float]:
+def cost_terms(profile: CostProfile, steps: Sequence[StepRecord],
+               prompt_len: int | None = None) -> dict[str, float]:  # fmt: skip
     """Where a generation's predicted time goes, in ms summed over ``steps``: ``drafter`` (drafter
     calls), ``verify_width`` (target calls beyond a 1-token call's cost), ``host`` (per-step
     overhead and lookups), ``target_1`` (one 1-token target call per step), and ``tokens`` made.
+    With ``prompt_len``, calls are costed at their positions, as in ``predicted_times``.
     ``tokens * value_ms / (target_1 + drafter + verify_width + host)`` is the decode speedup."""
     out = {"drafter": 0.0, "verify_width": 0.0, "host": 0.0, "target_1": 0.0, "tokens": 0.0}
+    pos = None if prompt_len is None else max(0, prompt_len - 1)
     for s in steps:
-        total = step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup")
+        total = step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup", pos=pos)
+        one = profile.target_at(1, pos)
         drafter = s.drafter_calls * profile.drafter(1)
-        width = profile.target(s.proposed + 1) - profile.target(1)
+        width = profile.target_at(s.proposed + 1, pos) - one
         out["drafter"] += drafter
         out["verify_width"] += width
-        out["host"] += total - drafter - width - profile.target(1)
-        out["target_1"] += profile.target(1)
+        out["host"] += total - drafter - width - one
+        out["target_1"] += one
         out["tokens"] += s.accepted + 1
+        if pos is not None:
+            pos += s.accepted + 1
     return out

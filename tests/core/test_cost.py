@@ -85,6 +85,26 @@ def test_cost_terms_add_up_to_the_predicted_time() -> None:
     assert math.isclose(t["tokens"] * prof.value_ms, base)
 
 
+def test_calls_deeper_in_the_context_cost_more_linearly_between_the_measured_lengths() -> None:
+    prof = CostProfile(target_ms=(30.0, 33.0), context=64, far_context=448,
+                       target_ms_far=(35.0, 42.0), overhead_ms=2.0)  # fmt: skip
+    assert prof.target_at(1, None) == prof.target(1) == 30.0
+    assert prof.target_at(1, 256) == 32.5 and prof.target_at(2, 256) == 37.5  # halfway
+    assert prof.target_at(1, 640) == 37.5  # extrapolated past the far length
+    assert prof.target_at(1, -10_000) == 15.0  # floored at half the measured latency
+    steps = [StepRecord("lookup", 0, 1, 1), StepRecord("none", 0, 0, 0)]
+    base, spec = predicted_times(prof, steps, prompt_len=257)  # first call at position 256
+    assert math.isclose(spec, (37.5 + 2.0) + prof.target_at(1, 258))
+    assert math.isclose(base, sum(prof.target_at(1, p) for p in (256, 257, 258)))
+    t = cost_terms(prof, steps, prompt_len=257)
+    assert math.isclose(t["target_1"] + t["verify_width"] + t["host"], spec)
+    assert CostProfile.from_json(prof.to_json()) == prof
+    with pytest.raises(ValueError, match="far_context"):
+        CostProfile(target_ms=(30.0,), context=64, far_context=32, target_ms_far=(35.0,))
+    with pytest.raises(ValueError, match="one latency per width"):
+        CostProfile(target_ms=(30.0, 33.0), context=64, far_context=448, target_ms_far=(35.0,))
+
+
 def test_profile_json_round_trip_and_errors() -> None:
     assert CostProfile.from_json(REAL.to_json()) == REAL
     with pytest.raises(ValueError, match="x.json"):

@@ -86,6 +86,46 @@ def test_distiller_lowers_loss_and_publishes_weights() -> None:
         OnlineDistiller(_model(7, seed=0), mapper)
 
 
+def _observe_all(dist: OnlineDistiller, steps: list[tuple[list[int], list[int]]]) -> None:
+    for ctx, new in steps:
+        topk = torch.tensor([[t, 3] for t in new])
+        dist.observe(ctx, new, topk, torch.tensor([[0.8, 0.2]] * len(new)))
+
+
+# target ids: 1 a, 2 b, 5 ab (DM), 6 bc / 9 abc (n-gram for the drafter)
+STEPS = [([1, 2], [6]), ([5], [9, 1]), ([2, 1], [2]), ([9], [5])]
+
+
+def test_guard_holds_new_traffic_out_then_keeps_an_update_that_generalises() -> None:
+    mapper = _mapper()
+    drafter = _model(mapper.draft_vocab_size, seed=0)
+    dist = OnlineDistiller(drafter, mapper, lr=3e-2, lam=1.0, batch_size=4, steps_per_update=5,
+                           seq_len=16, guard=True)  # fmt: skip
+    _observe_all(dist, STEPS)
+    assert len(dist.buffer) == 0  # held out until the next update
+    first = dist.update()  # nothing older to train on: the held-out traffic joins the buffer
+    assert first.steps == 0 and len(dist.buffer) == len(STEPS)
+    _observe_all(dist, STEPS)  # the same patterns again: training on the old ones generalises
+    second = dist.update()
+    assert second.steps == 5 and second.kept and second.heldout_after < second.heldout_before
+    assert len(dist.buffer) == 2 * len(STEPS)
+
+
+def test_guard_rolls_back_an_update_that_hurts_the_held_out_traffic() -> None:
+    mapper = _mapper()
+    drafter = _model(mapper.draft_vocab_size, seed=0)
+    dist = OnlineDistiller(drafter, mapper, lr=0.5, lam=1.0, batch_size=4, steps_per_update=5,
+                           seq_len=16, guard=True)  # fmt: skip
+    _observe_all(dist, STEPS[:2])
+    dist.update()
+    weights = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    # new traffic contradicts the old: after "1 2" the target now says 2, not 6
+    _observe_all(dist, [([1, 2], [2]), ([5], [1, 1])])
+    stats = dist.update()
+    assert stats.steps == 5 and not stats.kept and stats.heldout_after >= stats.heldout_before
+    assert all(torch.equal(weights[n], p) for n, p in drafter.named_parameters())
+
+
 def test_empty_buffer_update_is_a_no_op() -> None:
     mapper = _mapper()
     drafter = _model(mapper.draft_vocab_size, seed=0)

@@ -40,6 +40,9 @@ def test_measure_interleaves_every_width_and_saves_to_the_state_folder(tmp_path:
     widths = {t for t, pos in target.calls if pos == 8}
     assert widths >= {1, 2, 3, 4}  # T = 1..k_max+1 at the context position
     assert sum(1 for t, pos in drafter.calls if (t, pos) == (1, 8)) == 3  # once per round
+    assert (p.context, p.far_context) == (8, 96) and len(p.target_ms_far) == 4  # 3/4 of 128
+    assert {t for t, pos in target.calls if pos == 96} >= {1, 2, 3, 4}
+    assert all(pos != 96 for _, pos in drafter.calls)  # the drafters are timed near only
     path = save_profile(p, tmp_path)
     assert path == tmp_path / PROFILE_FILE and load_profile(tmp_path) == p
     assert load_profile(tmp_path / "none") is None
@@ -47,3 +50,10 @@ def test_measure_interleaves_every_width_and_saves_to_the_state_folder(tmp_path:
     with pytest.raises(ValueError, match=PROFILE_FILE):
         load_profile(tmp_path)
     assert physical_cores() >= 1
+
+
+def test_far_context_must_fit_the_target_and_can_be_turned_off() -> None:
+    with pytest.raises(ValueError, match="max_seq_len 128"):
+        measure(CountingLM(), {}, k_max=3, context=8, far_context=126, reps=1)
+    prof = measure(CountingLM(), {}, k_max=3, context=8, far_context=0, reps=1)[""]
+    assert prof.target_ms_far == () and prof.far_context == 0

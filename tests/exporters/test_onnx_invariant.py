@@ -39,7 +39,8 @@ def _export(tmp: Path, quant: str, invariant: bool) -> tuple[Path, GraphInfo]:
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, GraphInfo]]:
     return {
-        q: _export(tmp_path_factory.mktemp(f"inv_{q}"), q, True) for q in ("fp32", "int8", "int4")
+        q: _export(tmp_path_factory.mktemp(f"inv_{q}"), q, True)
+        for q in ("fp32", "int8", "int4", "w8a8")
     }
 
 
@@ -49,7 +50,7 @@ def _graph(path: Path, info: GraphInfo) -> ExplicitCacheGraph:
     return ExplicitCacheGraph(ort_session(path, threads=2), info)
 
 
-@pytest.mark.parametrize("quant", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("quant", ["fp32", "int8", "int4", "w8a8"])
 def test_invariant_graph_matches_eager_incl_rollback(graphs, quant: str) -> None:
     path, info = graphs[quant]
     model = build_model(SPEC, seed=5, max_seq_len=MAX_SEQ)
@@ -99,7 +100,7 @@ def _rows_in_calls_of(
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("quant", ["int8", "int4", "w8a8"])
 def test_rows_are_bitwise_equal_whatever_the_call_width(graphs, quant: str) -> None:
     """60 tokens from position 10 to 70 cross the 64-slot span boundary inside calls of 3, 5, 9."""
     graph = _graph(*graphs[quant])
@@ -145,3 +146,17 @@ def test_control_gqa_graph_is_not_batch_invariant(tmp_path: Path) -> None:
     out, one_by_one = _rows_one_by_one(graph, prompt, 60)
     wide = _rows_in_calls_of(graph, prompt + out, len(prompt) - 1, 60, 5)
     assert not np.array_equal(wide, one_by_one)
+
+
+def test_w8a8_graph_is_matmulinteger_with_per_row_scales(graphs) -> None:
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(graphs["w8a8"][0])).graph.node]
+    assert "MatMulNBits" not in ops and ops.count("MatMulInteger") == 2 * 4 + 1  # 4 a layer + head
+
+
+def test_w8a8_without_the_fused_graph_is_refused(tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.quantize import quantize_onnx_file
+
+    with pytest.raises(ValueError, match="fused exporter only"):
+        quantize_onnx_file(tmp_path / "fp32.onnx", tmp_path / "q.onnx", get_recipe("onnx", "w8a8"))

@@ -1,0 +1,99 @@
+"""What one weight matmul costs on ONNX Runtime's CPU kernels as the call's row count T grows.
+
+    .venv/bin/python benchmarks/matmul_kernels.py [--threads 2] [--out reports/matmul_kernels.json]
+
+Verification feeds T = 1 + proposals rows where decoding feeds 1, so a kernel's cost per extra row
+is the verification-width term of the cost model. Each single-node graph multiplies (1, T, K) by a
+Qwen2.5-0.5B weight shape: gate|up 896x9728, down 4864x896, lm_head 896x151936, as
+
+- ``nbits8`` / ``nbits4``: ``MatMulNBits`` at accuracy level 4 (blockwise int8 activations), the
+  ``int8`` / ``int4`` recipes;
+- ``w8a8``: the ``w8a8`` recipe's ``MatMulInteger`` with per-row int8 activations
+  (``onnx_fused.GraphWriter.linear_rows``, the same nodes);
+- ``fp32``: ``MatMul``.
+
+Rows are timed round-robin over (kernel, T), medians of ``--reps`` rounds; the load average is
+recorded beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omnidraft_deploy.exporters.onnx_fused import GraphWriter
+
+from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.profile import ort_session
+
+SHAPES = {"gate_up": (896, 9728), "down": (4864, 896), "lm_head": (896, 151936)}
+KERNELS = {"nbits8": (8, False), "nbits4": (4, False), "w8a8": (8, True), "fp32": (0, False)}
+
+
+def one_matmul(kernel: str, k: int, n: int, path: Path) -> Path:
+    """A graph ``y = x @ W`` (``x (1, T, k)``) written by the exporter's own ``GraphWriter``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    bits, rows = KERNELS[kernel]
+    g = GraphWriter(bits, 32, act_rows=rows)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.02
+    out = g.linear("w", "x", w)
+    g.node("Identity", [out], ["y"])
+    graph = g.model.graph
+    graph.node.extend(g.nodes)
+    graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k]))
+    graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
+    g.model.ir_version = onnx.IR_VERSION
+    g.model.opset_import.extend(
+        [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    )
+    onnx.save(g.model, str(path))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("reports/matmul_kernels.json"))
+    ap.add_argument("--work", type=Path, default=Path(".bench/matmul_kernels"))
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    rows = [int(t) for t in a.rows.split(",")]
+    load0 = os.getloadavg()
+    sessions = {(kern, shape): ort_session(one_matmul(kern, k, n, a.work / f"{kern}-{shape}.onnx"),
+                                           threads=a.threads)
+                for kern in KERNELS for shape, (k, n) in SHAPES.items()}  # fmt: skip
+    rng = np.random.default_rng(0)
+    times: dict[tuple[str, str, int], list[float]] = {}
+    for _ in range(a.reps):
+        for t in rows:
+            for (kern, shape), sess in sessions.items():
+                x = {"x": rng.standard_normal((1, t, SHAPES[shape][0])).astype(np.float32)}
+                sess.run(None, x)
+                t0 = time.perf_counter()
+                for _ in range(10):
+                    sess.run(None, x)
+                times.setdefault((kern, shape, t), []).append((time.perf_counter() - t0) * 100)
+    result: dict[str, Any] = {"threads": a.threads, "load_avg_start": load0,
+                              "load_avg_end": os.getloadavg(), "ms": {}}  # fmt: skip
+    print(f"{'kernel':8} {'shape':8} " + " ".join(f"T={t:<6}" for t in rows) + "  (ms, median)")
+    for kern in KERNELS:
+        for shape in SHAPES:
+            ms = {t: float(np.median(times[kern, shape, t])) for t in rows}
+            result["ms"][f"{kern}/{shape}"] = ms
+            print(f"{kern:8} {shape:8} " + " ".join(f"{ms[t]:<8.3f}" for t in rows))
+    print(f"load average {load0} -> {result['load_avg_end']}")
+    write_text_atomic(a.out, json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

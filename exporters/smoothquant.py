@@ -1,0 +1,108 @@
+"""SmoothQuant scales folded into a copy of the weights, for per-row int8 activations (``w8a8``).
+
+The ``w8a8`` graph quantises every weight matmul's input to int8 with one scale per row (token), so
+that ``MatMulInteger`` (ONNX Runtime's int8 GEMM: VNNI / AMX on x86) does the products exactly and
+a row's result does not depend on the other rows. One scale over the whole hidden vector is coarse
+where a few channels carry most of the magnitude (Qwen2.5-0.5B: per-row quantisation error 1-2% on
+the attention and gate/up inputs, 4-8% on down_proj's, against ~1% for 32-wide blocks). SmoothQuant
+(Xiao et al. 2023) moves that magnitude into the weights: input channel ``j`` is divided by
+
+    s_j = max|X_j| ** alpha / max|W_:,j| ** (1 - alpha)
+
+and the weight's column ``j`` multiplied by it, so the fp32 product is unchanged. The division is
+folded into the op that produces ``X``:
+
+- q|k|v and gate|up: the RMSNorm weight in front of them;
+- down_proj: the rows of up_proj (``act = silu(gate) * up`` is linear in ``up``);
+- lm_head: the final RMSNorm (a tied head gets its own copy of the table first).
+
+o_proj's input (attention output) is left alone: folding into v would need one scale per kv head
+shared by its query heads. ``max|X_j|`` comes from running the eager model over calibration text
+(``activation_absmax``), held out from the verification prompts. Measured on Qwen2.5-0.5B, 1,479
+teacher-forced tokens, top-1 against eager fp32: per-row int8 everywhere 0.922 unsmoothed, 0.964
+with alpha = 0.5 (0.953 at 0.65, 0.935 at 0.8); 32-wide blocks (``int8``) 0.983.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+from omnidraft_deploy.reference.model import DecoderLayer, Transformer
+
+ALPHA = 0.5
+
+
+def _layers(model: Transformer) -> list[DecoderLayer]:
+    return [layer for layer in model.model.layers if isinstance(layer, DecoderLayer)]
+
+
+@torch.no_grad()
+def activation_absmax(model: Transformer, prompts: list[list[int]]) -> dict[str, Tensor]:
+    """Per-channel max |input| of every smoothed matmul over ``prompts`` (one forward each):
+    keys ``<layer>.qkv``, ``<layer>.gate_up``, ``<layer>.down`` and ``head``."""
+    if not prompts:
+        raise ValueError("SmoothQuant calibration needs at least one prompt")
+    stats: dict[str, Tensor] = {}
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        def record(_mod: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
+            x = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0).float()
+            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+
+        return record
+
+    handles = [model.lm_head.register_forward_hook(hook("head"))]
+    for i, layer in enumerate(_layers(model)):
+        handles += [
+            layer.self_attn.q_proj.register_forward_hook(hook(f"{i}.qkv")),
+            layer.mlp.gate_proj.register_forward_hook(hook(f"{i}.gate_up")),
+            layer.mlp.down_proj.register_forward_hook(hook(f"{i}.down")),
+        ]
+    try:
+        for ids in prompts:
+            model(torch.tensor([ids]), torch.arange(len(ids)))
+    finally:
+        for h in handles:
+            h.remove()
+    return stats
+
+
+def smoothing_scales(x_absmax: Tensor, weights: list[Tensor], alpha: float = ALPHA) -> Tensor:
+    """``s_j = max|X_j|^alpha / max|W_:,j|^(1-alpha)`` over the weights that read ``X`` (each
+    ``(out, in)``); channels that never fire keep ``s = 1``."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"SmoothQuant alpha must be in [0, 1], got {alpha}")
+    w_absmax = torch.stack([w.detach().abs().amax(0).float() for w in weights]).amax(0)
+    s = x_absmax.clamp(min=1e-5) ** alpha / w_absmax.clamp(min=1e-5) ** (1.0 - alpha)
+    return torch.where(x_absmax > 0, s, torch.ones_like(s))
+
+
+@torch.no_grad()
+def smoothed(model: Transformer, stats: dict[str, Tensor], alpha: float = ALPHA) -> Transformer:
+    """A deep copy of ``model`` with the scales folded in (fp32 outputs equal up to rounding)."""
+    m = copy.deepcopy(model)
+    if m.lm_head.weight is m.model.embed_tokens.weight:  # untie: the table must stay as it was
+        m.lm_head.weight = nn.Parameter(m.lm_head.weight.detach().clone(), requires_grad=False)
+    for i, layer in enumerate(_layers(m)):
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        s = smoothing_scales(stats[f"{i}.qkv"], [lin.weight for lin in qkv], alpha)
+        layer.input_layernorm.weight.div_(s)
+        for lin in qkv:
+            lin.weight.mul_(s)
+        s = smoothing_scales(
+            stats[f"{i}.gate_up"], [mlp.gate_proj.weight, mlp.up_proj.weight], alpha
+        )
+        layer.post_attention_layernorm.weight.div_(s)
+        mlp.gate_proj.weight.mul_(s)
+        mlp.up_proj.weight.mul_(s)
+        s = smoothing_scales(stats[f"{i}.down"], [mlp.down_proj.weight], alpha)
+        mlp.up_proj.weight.div_(s[:, None])  # after the gate|up smoothing: rows, not columns
+        mlp.down_proj.weight.mul_(s)
+    s = smoothing_scales(stats["head"], [m.lm_head.weight], alpha)
+    m.model.norm.weight.div_(s)
+    m.lm_head.weight.mul_(s)
+    return m

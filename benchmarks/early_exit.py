@@ -73,7 +73,7 @@ class Config:
     n_eval: int = 2  # evaluation prompts per task (every row)
     max_new_tokens: int = 32
     draft_len: int = 4
-    adapt_lr: float = 5e-4  # AdamW, as the offline recipe
+    adapt_lr: float = 1e-4  # AdamW (5e-4, the offline rate, lowered acceptance: 0.098 -> 0.094)
     adapt_steps: int = 4  # optimiser steps after each adaptation prompt
     lam: float = 1.0
     train_layers: int = 1  # last block + final norm

@@ -97,7 +97,7 @@ def best_configuration(summ: dict[str, Any]) -> str | None:
     return max(ok, key=lambda m: summ[m]["overall"]["speedup"], default=None)
 
 
-def term_line(task: str, a: dict[str, Any]) -> str:
+def term_line(task: str, a: dict[str, Any], prof: CostProfile | None = None) -> str:
     """One task's speedup decomposed into the cost model's terms (per step, in target 1-token
     calls): what each costs, and which one stops the figure where it misses its goal."""
     t = a.get("cost_terms")
@@ -116,9 +116,19 @@ def term_line(task: str, a: dict[str, Any]) -> str:
         return line + f"; goal {goal:.2f}x met"
     worst = max(parts, key=lambda k: parts[k])
     need = goal * (1 + sum(parts.values()))
-    return line + (f"; goal {goal:.2f}x NOT met: it needs {need:.2f} tokens/step at these costs, "
-                   f"or the largest cost term ({worst}, {parts[worst]:.2f} target calls/step) "
-                   "cut")  # fmt: skip
+    miss = f"; goal {goal:.2f}x NOT met: it needs {need:.2f} tokens/step at these costs"
+    model_steps = a["steps"]["model"]
+    if prof is not None and prof.drafter_ms and model_steps < steps / 2 and per_step < goal:
+        c, widen = prof.drafter_ratio, prof.target(2) / prof.target(1)
+        return line + (f"{miss}; the policy left the drafter off on {steps - model_steps} of "
+                       f"{steps} steps: at c = {c:.2f} a drafted token pays only if accepted "
+                       f"with probability > {c + widen - 1:.2f}; measured "
+                       f"{a.get('acceptance', 0):.2f} over this row's proposals")  # fmt: skip
+    if per_step < goal:  # free drafting, verification and host would still fall short
+        return line + (f"{miss}; with every cost term at 0 it would still make {per_step:.2f}x: "
+                       "the proposals' acceptance is the limit, not their cost")  # fmt: skip
+    return line + (f"{miss}, or the largest cost term ({worst}, {parts[worst]:.2f} target "
+                   "calls/step) cut")  # fmt: skip
 
 
 def _profiles(chunks: list[dict[str, Any]]) -> dict[str, CostProfile]:
@@ -188,7 +198,8 @@ def _markdown(
     for m in sorted(spec, key=lambda m: m != best):
         tag = " (best overall with identical outputs)" if m == best else ""
         lines += [f"## Cost-model terms: {m}{tag}", ""]
-        lines += [term_line(t, summ[m][t]) for t in ("overall", *TASKS) if t in summ[m]]
+        prof = profs.get(_drafter_of(m))
+        lines += [term_line(t, summ[m][t], prof) for t in ("overall", *TASKS) if t in summ[m]]
         lines.append("")
     for t in ("overall", *TASKS):
         lines += [f"## {t}", "", "| configuration | tok/s | speedup vs our ORT target-only | vs "

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/quant_probe.py --study int4     # which linears int4 can touch
     .venv/bin/python benchmarks/quant_probe.py --study a16      # what uint16 activations break
     .venv/bin/python benchmarks/quant_probe.py --study xnnpack  # 8da8w / 8da4w in eager
+    .venv/bin/python benchmarks/quant_probe.py --study w8a8     # per-row int8 activations
 
 Teacher-forced top-1 agreement with the fp32 eager model over the shipped prompts (first 24
 tokens each, ``exporters.verify.prompt_ids``); weights dequantised in place (what MatMulNBits
@@ -71,7 +72,25 @@ def int4_rows(
                     mod.weight.data = int4_rtn(mod.weight.data.float(), 32)
         rows.append(f"| int4 {'+'.join(pick) if len(pick) == 1 else 'all body linears'} "
                     f"| {top1(m, prompts, ref):.3f} |")  # fmt: skip
+    for block, down8 in ((16, False), (32, True), (16, True)):  # the cheapest escapes, measured
+        m = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, mod in m.named_modules():
+                if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in kinds:
+                    w = mod.weight.data.float()
+                    eight = down8 and name.endswith("down_proj")
+                    mod.weight.data = int8_blocks(w, 32) if eight else int4_rtn(w, block)
+        what = f"block {block}" + (", down_proj at int8 (block 32)" if down8 else "")
+        rows.append(f"| int4 all body linears, {what} | {top1(m, prompts, ref):.3f} |")
     return rows
+
+
+def int8_blocks(w: Tensor, block: int) -> Tensor:
+    """Symmetric int8 per block of ``block`` inputs (the ``int8`` recipe), dequantised."""
+    n, k = w.shape
+    wb = w.view(n, k // block, block)
+    s = wb.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127
+    return (torch.round(wb / s) * s).view(n, k)
 
 
 def rotate(model: nn.Module) -> None:
@@ -143,9 +162,56 @@ def xnnpack_rows(
             for name in ("8da8w", "8da4w")]  # fmt: skip
 
 
+class RowInt8Linear(nn.Module):
+    """What ``onnx_fused.GraphWriter.linear_rows`` computes: int8 weights per output row x int8
+    activations with one symmetric scale per token, dequantised (fp32 products)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        w = linear.weight.detach().float()
+        s = w.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
+        self.weight_q = torch.round(w / s).clamp(-127, 127) * s
+        self.bias = linear.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        s = x.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127
+        y = (torch.round(x / s) * s) @ self.weight_q.T
+        return y if self.bias is None else y + self.bias
+
+
+def w8a8_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str) -> list[str]:
+    """Per-row int8 activations on every linear incl. lm_head, with and without SmoothQuant
+    (``exporters.smoothquant``, calibrated on held-out text), against blockwise int8 (``int8``)."""
+    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
+
+    calib = calibration_prompts(tok, limit=128)
+    stats = activation_absmax(model, calib)
+    rows = []
+    for name, alpha in (("no smoothing", None), ("SmoothQuant alpha 0.5", 0.5),
+                        ("SmoothQuant alpha 0.8", 0.8)):  # fmt: skip
+        m = copy.deepcopy(model) if alpha is None else smoothed(model, stats, alpha)
+        _swap_linears(m, RowInt8Linear)
+        rows.append(f"| w8a8 per-row activations, {name} | {top1(m, prompts, ref):.3f} |")
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.Linear):
+                mod.weight.data = int8_blocks(mod.weight.data.float(), 32)
+    rows.append(f"| int8 weights in blocks of 32, fp32 activations | {top1(m, prompts, ref):.3f} |")
+    return rows
+
+
+def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, make(child))
+        else:
+            _swap_linears(child, make)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--study", choices=["int4", "a16", "xnnpack"], required=True)
+    ap.add_argument("--study", choices=["int4", "a16", "xnnpack", "w8a8"], required=True)
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -154,7 +220,9 @@ def main() -> None:
     prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=12, limit=24)
     with torch.no_grad():
         ref = [model.forward_train(torch.tensor([p]))[0] for p in prompts]
-    study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows}[args.study]
+    study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows, "w8a8": w8a8_rows}[
+        args.study
+    ]
     lines = [f"# Quantisation probe: {args.study}, {args.model}", "",
              f"`benchmarks/quant_probe.py --study {args.study}`; teacher-forced top-1 vs fp32 "
              f"eager, {len(prompts)} shipped prompts, {sum(map(len, prompts))} rows.", "",

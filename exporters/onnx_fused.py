@@ -12,8 +12,9 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
 - or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column) and int8
   activations with one scale per row (``GraphWriter.linear_rows``): ONNX Runtime's int8 GEMM
   (VNNI / AMX) instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
-  ``benchmarks/matmul_kernels.py``): Qwen2.5's lm_head 896x151936 takes 3.7 / 3.8 / 5.0 ms for
-  T = 1 / 2 / 8 rows against MatMulNBits' 5.9 / 7.5 / 13.7, so verification width gets cheap. The coarser activation scale needs SmoothQuant
+  ``benchmarks/matmul_kernels.py``, reports/matmul_kernels.json): Qwen2.5's lm_head 896x151936
+  takes 4.6 / 4.8 / 5.8 ms for T = 1 / 2 / 8 rows against MatMulNBits' 6.6 / 8.2 / 13.6, so
+  verification width gets cheap. The coarser activation scale needs SmoothQuant
   (``exporters.smoothquant``), applied by the exporter before the graph is written.
 
 Cache contract (``omnidraft_deploy.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,

@@ -40,8 +40,8 @@ class CostProfile:
     prefill_ms_per_token: float = 0.0
     # The KV length ``target_ms`` was measured at, and the target's latencies at a longer one:
     # attention reads every cached slot, so a call costs more deep into a long prompt (the
-    # batch-invariant Qwen2.5-0.5B w8a8 graph: 30.1 / 45.6 ms for T = 1 / 9 at 64 cached tokens,
-    # 35.1 / 58.7 ms at 448). Without ``target_ms_far`` a call costs the same at any position.
+    # batch-invariant Qwen2.5-0.5B w8a8 graph: 31.6 / 45.9 ms for T = 1 / 9 at 64 cached tokens,
+    # 36.8 / 55.0 ms at 384; reports/real_pair.md). Without ``target_ms_far``: same cost anywhere.
     context: int = 0
     far_context: int = 0
     target_ms_far: tuple[float, ...] = ()

@@ -58,9 +58,22 @@ def top1(model: nn.Module, prompts: list[list[int]], ref: list[Tensor]) -> float
     return agree / rows
 
 
-def int4_rows(
-    model: nn.Module, prompts: list[list[int]], ref: list[Tensor], _tok: str
-) -> list[str]:
+def gptq_row(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str,
+             kinds: list[str]) -> str:  # fmt: skip
+    """Every body linear at int4 (block 32) by GPTQ (``exporters.gptq``), Hessians of the fp32
+    model's inputs over held-out calibration text."""
+    from omnidraft_deploy.exporters.gptq import gptq_int4, input_hessians
+
+    hess = input_hessians(model, calibration_prompts(tok, limit=128), tuple(kinds))
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, mod in m.named_modules():
+            if name in hess:
+                mod.weight.data = gptq_int4(mod.weight.data.float(), hess[name])
+    return f"| int4 all body linears, GPTQ (block 32) | {top1(m, prompts, ref):.3f} |"
+
+
+def int4_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str) -> list[str]:
     """int4 (block 32) on one kind of linear at a time, then on all of them (lm_head kept)."""
     kinds = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     rows = []
@@ -72,6 +85,7 @@ def int4_rows(
                     mod.weight.data = int4_rtn(mod.weight.data.float(), 32)
         rows.append(f"| int4 {'+'.join(pick) if len(pick) == 1 else 'all body linears'} "
                     f"| {top1(m, prompts, ref):.3f} |")  # fmt: skip
+    rows.append(gptq_row(model, prompts, ref, tok, kinds))
     for block, down8 in ((16, False), (32, True), (16, True)):  # the cheapest escapes, measured
         m = copy.deepcopy(model)
         with torch.no_grad():

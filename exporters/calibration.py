@@ -33,6 +33,20 @@ def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
     return [tok.encode(text)[:limit] for text in texts]
 
 
+def forward_prompts(model: Any, prompts: list[list[int]], handles: list[Any]) -> None:
+    """One eager forward of ``model`` per prompt (calibration statistics come from the forward
+    hooks behind ``handles``), which are removed afterwards, errors included."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                model(torch.tensor([ids]), torch.arange(len(ids)))
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def step_feeds(
     fp32_path: Path, info: GraphInfo, prompts: list[list[int]]
 ) -> list[dict[str, np.ndarray]]:

@@ -14,6 +14,7 @@ Pure functions on tensors; ``input_hessians`` runs the eager model over calibrat
 from __future__ import annotations
 
 import torch
+from omnidraft_deploy.exporters.calibration import forward_prompts
 from torch import Tensor, nn
 
 
@@ -38,12 +39,7 @@ def input_hessians(
 
     handles = [mod.register_forward_hook(hook(name)) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in kinds]  # fmt: skip
-    try:
-        for ids in prompts:
-            model(torch.tensor([ids]), torch.arange(len(ids)))
-    finally:
-        for h in handles:
-            h.remove()
+    forward_prompts(model, prompts, handles)
     return {name: (acc[name] / count[name]).float() for name in acc}
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from omnidraft_deploy.exporters.calibration import forward_prompts
 from torch import Tensor, nn
 
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
@@ -61,12 +62,7 @@ def activation_absmax(model: Transformer, prompts: list[list[int]]) -> dict[str,
             layer.mlp.gate_proj.register_forward_hook(hook(f"{i}.gate_up")),
             layer.mlp.down_proj.register_forward_hook(hook(f"{i}.down")),
         ]
-    try:
-        for ids in prompts:
-            model(torch.tensor([ids]), torch.arange(len(ids)))
-    finally:
-        for h in handles:
-            h.remove()
+    forward_prompts(model, prompts, handles)
     return stats
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 class LookupConfig:
     # 1: a single matching id is enough to propose. The policy decides whether a proposal pays
     # (``HybridProposer`` keeps an acceptance estimate per matched length), and once verifying one
-    # more token costs little, unigram matches pay (simulated on the 24 real-pair outputs of
-    # Qwen2.5-0.5B: 1.22 tokens per step on code with min 1, 1.11 with min 2).
+    # more token costs little, unigram matches pay (``benchmarks/lookup_sim.py`` on the 24
+    # real-pair outputs of Qwen2.5-0.5B: on code 1.20 target tokens per step with min 1, 1.09
+    # with min 2; math 1.50 / 1.34).
     min_ngram: int = 1
     max_ngram: int = 4
     max_tokens: int = 8192  # bound on the buffer (history + current text)

@@ -65,6 +65,7 @@ class ExportConfig:
     drafter: str = "tiny-llama-68m"  # drafter preset name
     backend: str = "xnnpack"  # xnnpack (.pte) | onnx (.onnx + .ort) | qnn (static-T QDQ .onnx)
     quantization: str = "fp32"  # per backend, see exporters.quantize.RECIPES / recipe_names()
+    drafter_quantization: str | None = None  # the drafter's recipe when not ``quantization``
     out_dir: Path = Path("bundles/default")  # final bundle folder (replaced atomically)
     max_seq_len: int = 512  # KV-cache slots of both graphs (prompt + generated tokens)
     draft_len: int = 4  # drafter proposals per step; static T of NPU graphs is draft_len + 1
@@ -78,11 +79,19 @@ class ExportConfig:
         # the names are resolved here, once per command (KeyError listing valid presets)
         specs = {"target": get_preset(self.target), "drafter": get_preset(self.drafter)}
         object.__setattr__(self, "specs", specs)
-        get_recipe(self.backend, self.quantization)  # KeyError listing valid names
+        for role in ROLES:
+            get_recipe(self.backend, self.recipe_name(role))  # KeyError listing valid names
         if not 8 <= self.max_seq_len <= 131072:
             raise ValueError(f"max_seq_len {self.max_seq_len} outside [8, 131072]")
         if not 1 <= self.draft_len <= 32 or self.draft_len + 1 > self.max_seq_len:
             raise ValueError(f"draft_len {self.draft_len} outside [1, min(32, max_seq_len - 1)]")
+
+    def recipe_name(self, role: str) -> str:
+        """The quantisation recipe of ``role``'s graph (e.g. a ``w8a8`` target that makes
+        verification cheap beside an ``int8`` drafter that keeps its top-1)."""
+        if role == "drafter" and self.drafter_quantization is not None:
+            return self.drafter_quantization
+        return self.quantization
 
 
 @contextmanager
@@ -99,10 +108,9 @@ def _default_verify(
 ) -> Verify:
     from omnidraft_deploy.exporters.verify import verify_artifact
 
-    recipe = get_recipe(cfg.backend, cfg.quantization)
-
     def verify(path: Path, info: GraphInfo, eager: Transformer) -> dict[str, float]:
         role = "target" if path.stem == "target" else "drafter"
+        recipe = get_recipe(cfg.backend, cfg.recipe_name(role))
         return verify_artifact(
             path, info, eager, recipe, (prompts or {}).get(role), verify_len=cfg.draft_len + 1
         )
@@ -124,7 +132,7 @@ def _export_role(
     with stage(stages, "export"):
         info, facts = get_exporter(cfg.backend)(
             model, spec, tmp, role=role,
-            recipe=get_recipe(cfg.backend, cfg.quantization), draft_len=cfg.draft_len,
+            recipe=get_recipe(cfg.backend, cfg.recipe_name(role)), draft_len=cfg.draft_len,
             eos_ids=eos_ids, bundle_hash=bundle_hash,
         )  # fmt: skip
     speed: dict[str, float] = {}

@@ -42,6 +42,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     cfg = ExportConfig(
         target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
+        drafter_quantization=args.drafter_quantization,
         max_seq_len=args.max_seq_len, draft_len=args.draft_len, target_model=args.model,
         drafter_model=args.drafter_model, verify=not args.no_verify,
     )  # fmt: skip

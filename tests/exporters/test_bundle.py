@@ -59,6 +59,23 @@ def test_onnx_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) -> 
     assert manifest.extras["target"]["onnx"]["ort_mobile_file"] == "target.ort"
 
 
+def test_each_role_gets_its_own_recipe(tmp_path: Path) -> None:
+    """``--quantization w8a8 --drafter-quantization int8``: a batch-invariant w8a8 target (cheap
+    verification) beside an int8 drafter, each verified under its own recipe."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "b"
+    cfg = ExportConfig(target="tiny-qwen2-7b", drafter="tiny-llama-68m", backend="onnx",
+                       quantization="w8a8", drafter_quantization="int8", out_dir=out,
+                       max_seq_len=64, draft_len=3)  # fmt: skip
+    assert (cfg.recipe_name("target"), cfg.recipe_name("drafter")) == ("w8a8", "int8")
+    export_bundle(cfg, mapping_hash="ab" * 32)
+    manifest = verify_bundle(out)
+    assert manifest.graphs["target"].quantization == "w8a8"
+    assert manifest.graphs["drafter"].quantization == "int8"
+    assert manifest.extras["target"]["onnx"]["batch_invariant"] is True
+    assert manifest.graphs["target"].parity["top1_agreement"] >= 0.9
+
+
 @pytest.mark.slow
 def test_xnnpack_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) -> None:
     pytest.importorskip("executorch")
@@ -130,6 +147,7 @@ def test_failed_verification_publishes_nothing(
         ({"target": "llama5"}, "unknown preset"),
         ({"backend": "tflite"}, "unknown backend 'tflite'"),
         ({"quantization": "int3"}, "unknown quantization 'int3'"),
+        ({"drafter_quantization": "w3"}, "unknown quantization 'w3'"),
         ({"max_seq_len": 4}, "max_seq_len 4"),
         ({"draft_len": 0}, "draft_len 0"),
     ],

@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # protocols imports torch; the checks here must not
     from omnidraft_deploy.protocols import TokenizerLike
 
 _FLAGS = {"target": ("--target", "--model"), "drafter": ("--drafter", "--drafter-model")}
-BYTES_PER_PARAM = {"fp32": 4.0, "int8": 1.1, "int8-dyn": 1.1, "int4": 0.6, "8da8w": 1.1,
+BYTES_PER_PARAM = {"fp32": 4.0, "int8": 1.1, "int8-dyn": 1.1, "w8a8": 1.1, "int4": 0.6, "8da8w": 1.1,
                    "8da4w": 0.6}  # fmt: skip
 EXPORT_PEAK_FACTOR = 2.3  # peak host RSS / fp32 weights, measured (README, Qwen2.5-0.5B ONNX)
 

@@ -28,7 +28,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from omnidraft_deploy.inputs import resolve_export  # checks first: no torch import before
 
     target, drafter = args.target or DEFAULT_TARGET, args.drafter or DEFAULT_DRAFTER
-    quant = args.quantization or get_backend(args.backend).default_quantization
+    quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
+                               ).partition(",")  # fmt: skip
     out = Path(args.out or f"bundles/{target}-{args.backend}")
     inputs = resolve_export(
         target=target, drafter=drafter, model=args.model, drafter_model=args.drafter_model,
@@ -42,7 +43,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     cfg = ExportConfig(
         target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
-        drafter_quantization=args.drafter_quantization,
+        drafter_quantization=drafter_quant or None,
         max_seq_len=args.max_seq_len, draft_len=args.draft_len, target_model=args.model,
         drafter_model=args.drafter_model, verify=not args.no_verify,
     )  # fmt: skip

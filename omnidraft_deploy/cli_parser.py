@@ -25,7 +25,7 @@ DESCRIPTION = (
 EXPORT_EXAMPLES = """examples:
   omnidraft-export                        # offline tiny twins: random weights, real tokenizers
   omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization int8
-  omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization w8a8 --drafter-quantization int8
+  omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization w8a8,int8
   omnidraft-export --target llama3-8b --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
 Architecture, tokenizer and special tokens come from the weights (--model, --drafter-model); a
 preset supplies the rest and must speak the same vocabulary, or the export is refused before any
@@ -58,14 +58,14 @@ def utf8_text(text: str) -> str:
 
 
 def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
-    """The export verb's flags (13), shared by ``omnidraft export`` and ``omnidraft-export``."""
+    """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
     p.add_argument(
         "--target", help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET})"
     )
     p.add_argument("--drafter", help=f"drafter preset (default: {DEFAULT_DRAFTER})")
     p.add_argument("--backend", default="xnnpack", choices=backend_names(), help="graph format")
-    p.add_argument("--quantization", help="recipe; default: the backend's first (see below)")
-    p.add_argument("--drafter-quantization", help="the drafter's recipe (default: --quantization)")
+    p.add_argument("--quantization", help="recipe, or TARGET,DRAFTER recipes (e.g. w8a8,int8); "
+                   "default: the backend's first (see below)")  # fmt: skip
     p.add_argument("--out", help="bundle folder (default: bundles/<target>-<backend>)")
     p.add_argument("--force", action="store_true", help="replace the bundle already at --out")
     p.add_argument("--model", help="target weights: Hugging Face folder or .gguf file")

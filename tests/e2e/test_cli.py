@@ -172,3 +172,14 @@ def test_verbose_shows_the_traceback(tmp_path: Path) -> None:
     r = _cli("omnidraft", "validate", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "manifest.json" in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_quantization_takes_target_and_drafter_recipes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--quantization TARGET,DRAFTER``: each part is checked against the backend's recipes before
+    any export work, and a bad one is named with the valid choices; nothing is written."""
+    out = tmp_path / "b"
+    code = export_main(["--backend", "onnx", "--quantization", "int8,w3", "--out", str(out)])
+    assert code != 0 and "unknown quantization 'w3'" in capsys.readouterr().err
+    assert not out.exists()

@@ -60,7 +60,7 @@ def test_onnx_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) -> 
 
 
 def test_each_role_gets_its_own_recipe(tmp_path: Path) -> None:
-    """``--quantization w8a8 --drafter-quantization int8``: a batch-invariant w8a8 target (cheap
+    """``--quantization w8a8,int8``: a batch-invariant w8a8 target (cheap
     verification) beside an int8 drafter, each verified under its own recipe."""
     pytest.importorskip("onnxruntime")
     out = tmp_path / "b"

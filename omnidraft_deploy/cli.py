@@ -54,7 +54,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     parity = manifest["graphs"]["target"].get("parity", {})
     checked = f", target max |logit diff| {parity['max_abs_logit_diff']:.2g}" if parity else ""
     chat = " --chat" if inputs.target.chat_template else ""
-    print(f"exported {path} ({args.backend}/{quant}, {size:.1f} MB{checked})\nnext:\n"
+    recipes = f"{quant},{drafter_quant}" if drafter_quant else quant
+    print(f"exported {path} ({args.backend}/{recipes}, {size:.1f} MB{checked})\nnext:\n"
           f"  omnidraft validate {path}\n  omnidraft run {path}{chat} --prompt 'def fib(n):'")  # fmt: skip
     return 0
 

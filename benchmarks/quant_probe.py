@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 from omnidraft_deploy.exporters.calibration import calibration_prompts
+from omnidraft_deploy.exporters.onnx_fused import int4_grid, quantize_blocks
+from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
 
@@ -35,9 +37,7 @@ def int4_rtn(w: Tensor, block: int) -> Tensor:
     """Asymmetric min/max int4 per block of ``block`` inputs, dequantised: ``w (N, K)``."""
     n, k = w.shape
     wb = w.view(n, k // block, block)
-    lo, hi = wb.amin(-1).clamp(max=0), wb.amax(-1).clamp(min=0)
-    s = ((hi - lo) / 15).clamp(min=1e-8)
-    zp = torch.round(-lo / s).clamp(0, 15)
+    s, zp = int4_grid(wb)
     q = (torch.round(wb / s[..., None]) + zp[..., None]).clamp(0, 15)
     return ((q - zp[..., None]) * s[..., None]).view(n, k)
 
@@ -102,9 +102,9 @@ def int4_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
 def int8_blocks(w: Tensor, block: int) -> Tensor:
     """Symmetric int8 per block of ``block`` inputs (the ``int8`` recipe), dequantised."""
     n, k = w.shape
-    wb = w.view(n, k // block, block)
-    s = wb.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127
-    return (torch.round(wb / s) * s).view(n, k)
+    q, scales, _ = quantize_blocks(w, 8, block)  # q - 128 on the grid of each block's scale
+    deq = (torch.from_numpy(q).float() - 128) * torch.from_numpy(scales).view(n, k // block, 1)
+    return deq.view(n, k)
 
 
 def rotate(model: nn.Module) -> None:
@@ -182,9 +182,8 @@ class RowInt8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        w = linear.weight.detach().float()
-        s = w.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
-        self.weight_q = torch.round(w / s).clamp(-127, 127) * s
+        q, s = per_row_int8(linear.weight.detach().float())
+        self.weight_q = q.float() * s[:, None]
         self.bias = linear.bias
 
     def forward(self, x: Tensor) -> Tensor:
@@ -204,7 +203,7 @@ def w8a8_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
     for name, alpha in (("no smoothing", None), ("SmoothQuant alpha 0.5", 0.5),
                         ("SmoothQuant alpha 0.8", 0.8)):  # fmt: skip
         m = copy.deepcopy(model) if alpha is None else smoothed(model, stats, alpha)
-        _swap_linears(m, RowInt8Linear)
+        swap_modules(m, nn.Linear, RowInt8Linear)
         rows.append(f"| w8a8 per-row activations, {name} | {top1(m, prompts, ref):.3f} |")
     m = copy.deepcopy(model)
     with torch.no_grad():
@@ -213,14 +212,6 @@ def w8a8_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
                 mod.weight.data = int8_blocks(mod.weight.data.float(), 32)
     rows.append(f"| int8 weights in blocks of 32, fp32 activations | {top1(m, prompts, ref):.3f} |")
     return rows
-
-
-def _swap_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
-    for name, child in list(model.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(model, name, make(child))
-        else:
-            _swap_linears(child, make)
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ Round-to-nearest int4 in blocks of 32 keeps only 0.84 of Qwen2.5-0.5B's teacher-
 (``benchmarks/quant_probe.py --study int4``). GPTQ quantises one input column at a time and moves
 each column's error onto the columns not yet quantised, weighted by the inverse of the layer's
 input Hessian ``H = X^T X`` (from calibration text), so the layer's *output* error is what is
-minimised, not the weights'. The grid is the ``int4`` recipe's (``onnx_fused.quantize_blocks``):
+minimised, not the weights'. The grid is the ``int4`` recipe's (``onnx_fused.int4_grid``):
 asymmetric per block of ``block`` inputs, integer zero point, range widened to hold 0; block
 parameters are set from the weights as they stand when the block's first column is reached.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from omnidraft_deploy.exporters.calibration import forward_prompts
+from omnidraft_deploy.exporters.onnx_fused import int4_grid
 from torch import Tensor, nn
 
 
@@ -43,13 +44,6 @@ def input_hessians(
     return {name: (acc[name] / count[name]).float() for name in acc}
 
 
-def _block_grid(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Scale and zero point (per row) of the int4 grid for the columns ``w (N, block)``."""
-    lo, hi = w.amin(1).clamp(max=0), w.amax(1).clamp(min=0)
-    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
-    return scale, torch.round(-lo / scale).clamp(0, 15)
-
-
 @torch.no_grad()
 def gptq_int4(w: Tensor, hessian: Tensor, *, block: int = 32, damp: float = 0.01,
               cols: int = 128) -> Tensor:  # fmt: skip
@@ -73,7 +67,7 @@ def gptq_int4(w: Tensor, hessian: Tensor, *, block: int = 32, damp: float = 0.01
         Err1 = torch.zeros_like(W1)
         for i in range(i2 - i1):
             if i % block == 0:
-                scale, zp = _block_grid(W1[:, i : i + block])
+                scale, zp = int4_grid(W1[:, i : i + block])  # per row
             col, d = W1[:, i], Hinv1[i, i]
             q = (torch.clamp(torch.round(col / scale) + zp, 0, 15) - zp) * scale
             Q[:, i1 + i] = q

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 from omnidraft_deploy.exporters import onnx_invariant
-from omnidraft_deploy.exporters.quantize import QuantRecipe
+from omnidraft_deploy.exporters.quantize import QuantRecipe, per_row_int8
 from torch import Tensor
 
 from omnidraft_deploy import graph_contract as gc
@@ -42,6 +42,14 @@ from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 MS = "com.microsoft"
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations x int8/int4 weights (fp32 accumulate)
 RECIPE_BITS = {"int8": 8, "int4": 4, "w8a8": 8}  # weight bits of the quantised recipes
+
+
+def int4_grid(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Scale and integer zero point of the int4 grid of each block ``w (..., block)`` (last dim):
+    asymmetric min/max with the range widened to hold 0 (GGUF Q4_1's layout)."""
+    lo, hi = w.amin(-1).clamp(max=0), w.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+    return scale, torch.round(-lo / scale).clamp(0, 15)
 
 
 def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -58,9 +66,7 @@ def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
         scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
         q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
         return q.numpy(), scale.reshape(-1).numpy(), None
-    lo, hi = wb.amin(-1).clamp(max=0), wb.amax(-1).clamp(min=0)
-    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
-    zp = torch.round(-lo / scale).clamp(0, 15)
+    scale, zp = int4_grid(wb)
     q = (torch.round(wb / scale[..., None]) + zp[..., None]).clamp(0, 15).to(torch.uint8)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
     zq = torch.nn.functional.pad(zp.to(torch.uint8), (0, n_blocks % 2))
@@ -149,18 +155,12 @@ class GraphWriter:
         ``x`` quantised symmetric int8 with its own scale (``max|row| / 127``), stored as uint8
         with zero point 128 (ONNX Runtime's MatMulInteger takes one activation zero point).
         Integer products are exact and every row's arithmetic is its own: batch-invariant."""
-        wt = w.detach().float().T.contiguous()  # (K, N)
-        w_scale = wt.abs().amax(0).clamp(min=1e-8) / 127.0
-        wq = torch.round(wt / w_scale).clamp(-127, 127).to(torch.int8)
+        wq, w_scale = per_row_int8(w.detach().float())  # (N, K), (N,)
         f32 = np.float32
-        inv127, c128 = (
-            self.shared("rows/inv127", np.array(1 / 127, f32)),
-            self.shared("rows/c128", np.array(128, f32)),
-        )
-        eps, zp = (
-            self.shared("rows/eps", np.array(1e-10, f32)),
-            self.shared("rows/zp", np.array(128, np.uint8)),
-        )
+        inv127 = self.shared("rows/inv127", np.array(1 / 127, f32))
+        c128 = self.shared("rows/c128", np.array(128, f32))
+        eps = self.shared("rows/eps", np.array(1e-10, f32))
+        zp = self.shared("rows/zp", np.array(128, np.uint8))
         last = self.shared("rows/last_axis", np.array([-1], np.int64))
         p = f"{name}/rows"
         self.node("Abs", [x], [f"{p}/abs"])
@@ -173,7 +173,7 @@ class GraphWriter:
         self.node("Cast", [f"{p}/shifted"], [f"{p}/xq"], to=2)  # uint8; |x/scale| <= 127
         self.node(
             "MatMulInteger",
-            [f"{p}/xq", self.const(f"{name}.qweight", wq.numpy()), zp],
+            [f"{p}/xq", self.const(f"{name}.qweight", wq.T.contiguous().numpy()), zp],
             [f"{p}/acc"],
         )
         self.node("Cast", [f"{p}/acc"], [f"{p}/accf"], to=1)

@@ -55,9 +55,9 @@ def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
         # defines quantized_decomposed::embedding_byte (eager + export); the runtime has the kernel
         from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
 
-        _swap(model, nn.Embedding, Int8Embedding.from_float)
+        swap_modules(model, nn.Embedding, Int8Embedding.from_float)
     if recipe.linear == "int8w":
-        _swap(model, nn.Linear, Int8WeightOnlyLinear.from_float)
+        swap_modules(model, nn.Linear, Int8WeightOnlyLinear.from_float)
     elif recipe.linear in ("8da4w", "8da8w"):
         from torchao.quantization import quantize_
         from torchao.quantization.granularity import PerAxis, PerGroup
@@ -72,7 +72,7 @@ def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
     return model
 
 
-def _per_row_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+def per_row_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 per row: (rows, cols) fp32 -> int8 (rows, cols), scales (rows,)."""
     scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
     q = torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8)
@@ -91,7 +91,7 @@ class Int8WeightOnlyLinear(nn.Module):
     @classmethod
     def from_float(cls, linear: nn.Module) -> Int8WeightOnlyLinear:
         assert isinstance(linear, nn.Linear)
-        q, scales = _per_row_int8(linear.weight.detach().float())
+        q, scales = per_row_int8(linear.weight.detach().float())
         return cls(q, scales, linear.bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -112,7 +112,7 @@ class Int8Embedding(nn.Module):
     @classmethod
     def from_float(cls, emb: nn.Module) -> Int8Embedding:
         assert isinstance(emb, nn.Embedding)
-        return cls(*_per_row_int8(emb.weight.detach().float()))
+        return cls(*per_row_int8(emb.weight.detach().float()))
 
     def forward(self, token_ids: Tensor) -> Tensor:
         return torch.ops.quantized_decomposed.embedding_byte.dtype(
@@ -120,13 +120,13 @@ class Int8Embedding(nn.Module):
         )
 
 
-def _swap(model: nn.Module, kind: type[nn.Module], make: object) -> None:
+def swap_modules(model: nn.Module, kind: type[nn.Module], make: object) -> None:
     """Replace every ``kind`` submodule by ``make(old)`` (tied weights are quantised per user)."""
     for name, child in list(model.named_children()):
         if isinstance(child, kind):
             setattr(model, name, make(child))  # type: ignore[operator]
         else:
-            _swap(child, kind, make)
+            swap_modules(child, kind, make)
 
 
 def _lm_head_node(model: Any) -> str | None:

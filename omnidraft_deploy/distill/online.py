@@ -239,9 +239,10 @@ class OnlineDistiller:
         stats = self._steps(publish=False)
         after = self._heldout_loss(held_batch)
         kept = stats.steps > 0 and after < before
-        if not kept:
+        if kept:
+            self._publish()
+        else:  # the decoder's drafter still holds the weights the student goes back to
             self._restore(saved)
-        self._publish()
         self._release(held)
         log.debug("guarded update: held-out loss %.4f -> %.4f, kept %s", before, after, kept)
         return dataclasses.replace(stats, kept=kept, heldout_before=before, heldout_after=after)
@@ -250,7 +251,11 @@ class OnlineDistiller:
         if not held:
             return None
         batch, dm_rows, spans = self.make_batch(held)
-        return batch if dm_rows or (spans and self.lam) else None
+        return batch if self._has_signal(dm_rows, spans) else None
+
+    def _has_signal(self, dm_rows: int, spans: int) -> bool:
+        """Whether a batch has rows the hybrid loss reads (DM rows, or n-gram spans at lam > 0)."""
+        return dm_rows > 0 or (spans > 0 and self.lam > 0)
 
     @torch.no_grad()
     def _heldout_loss(self, batch: dict[str, Tensor]) -> float:
@@ -281,7 +286,7 @@ class OnlineDistiller:
             if not obs:
                 break
             batch, dm_rows, spans = self.make_batch(obs)
-            if dm_rows == 0 and (spans == 0 or self.lam == 0):
+            if not self._has_signal(dm_rows, spans):
                 continue
             self._opt.zero_grad(set_to_none=True)
             loss = self.batch_loss(self._student, batch)

@@ -195,14 +195,13 @@ def predicted_times(
 ) -> tuple[float, float]:
     """(target-only ms, speculative ms) the profile predicts for a generation that took ``steps``;
     both pay the same prefill of ``prompt_len - 1`` tokens, and every call is costed at its
-    position (``CostProfile.target_at``: the first step feeds position ``prompt_len - 1``)."""
+    position (``CostProfile.target_at``: the first step feeds position ``prompt_len - 1``). The
+    speculative time is the sum of ``cost_terms``."""
     prefill = max(0, prompt_len - 1) * profile.prefill_ms_per_token
-    pos = start = max(0, prompt_len - 1)
-    spec = prefill
-    for s in steps:
-        spec += step_ms(profile, s.drafter_calls, s.proposed, lookup=s.source == "lookup", pos=pos)
-        pos += s.accepted + 1
-    base = prefill + sum(profile.target_at(1, p) for p in range(start, pos))
+    t = cost_terms(profile, steps, prompt_len)
+    spec = prefill + t["target_1"] + t["drafter"] + t["verify_width"] + t["host"]
+    start = max(0, prompt_len - 1)
+    base = prefill + sum(profile.target_at(1, p) for p in range(start, start + int(t["tokens"])))
     return base, spec
 
 

@@ -4,9 +4,8 @@ Graphs are exported by the project's ``onnx`` exporter (fused graph; ``int8`` = 
 MatMulNBits) and verified against eager PyTorch before use, under the recipe's top-1 criterion
 (``verify_graph``: top-1 agreement >= the recipe's ``min_top1``; the max |logit diff| is recorded,
 not gated, since greedy decoding only reads the argmax and every output is compared with our ORT
-target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions use
-``profile.ort_session`` (explicit intra-op threads, no spinning) with their weights on huge pages
-(``ort_graph``).
+target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions have
+explicit intra-op threads, no spinning and their weights on huge pages (``ort_graph``).
 
 Methods (``real_pair.RunFn``): ``ours_target`` (target-only on the ORT target graph);
 ``ours_<drafter>`` (cost-aware drafting with that drafter, no lookup); ``ours_lookup`` (lookup
@@ -154,16 +153,12 @@ def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_le
 
 
 def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
-    """``OrtModel`` on a ``profile.ort_session`` (explicit threads, no spinning: target and drafter
-    sessions alternate on the same cores) with its weights on huge pages, as ``OrtModel``'s own
-    sessions have (``omnidraft_deploy.hugepages``; 10-13% faster decoding here, both roles)."""
+    """``OrtModel`` with explicit threads and no spinning (target and drafter sessions alternate
+    on the same cores), its weights on huge pages as ``OrtModel`` puts them by default
+    (``omnidraft_deploy.hugepages``; 10-13% faster decoding here, both roles)."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    from omnidraft_deploy.hugepages import on_huge_pages
-    from omnidraft_deploy.profile import ort_session
-
-    session = on_huge_pages(lambda: ort_session(path, threads=threads))
-    return OrtModel(path, info, session=session)
+    return OrtModel(path, info, threads=threads, spinning=False)
 
 
 def mapper_for(drafter_tok: str, target_tok: Any) -> tuple[VocabMapper, Any]:

@@ -17,14 +17,21 @@ def require_onnxruntime() -> Any:
     return require("onnxruntime", extra="onnx", purpose="the onnx backend")
 
 
-def cpu_session(path: Path, *, threads: int | None = None) -> Any:
+def cpu_session(path: Path, *, threads: int | None = None, spinning: bool | None = None) -> Any:
     """ONNX Runtime session on the CPU execution provider, warnings off; ``threads``: intra-op
-    threads (None: ORT's default, one per physical core)."""
+    threads (None: ORT's default, one per physical core). ``spinning`` None: ORT's threading
+    defaults; True / False: one inter-op thread, sequential execution, and thread-pool
+    spin-waiting on / off (off when sessions share the cores: ``profile.ort_session``)."""
     ort = require_onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads is not None:
         opts.intra_op_num_threads = threads
+    if spinning is not None:
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        for pool in ("intra_op", "inter_op"):
+            opts.add_session_config_entry(f"session.{pool}.allow_spinning", str(int(spinning)))
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

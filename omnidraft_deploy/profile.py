@@ -44,17 +44,9 @@ def physical_cores() -> int:
 
 def ort_session(path: Path, *, threads: int | None = None, spinning: bool = False) -> Any:
     """CPU ORT session with explicit threading (module docstring)."""
-    from omnidraft_deploy.onnx_host import require_onnxruntime
+    from omnidraft_deploy.onnx_host import cpu_session
 
-    ort = require_onnxruntime()
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = threads or physical_cores()
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if spinning else "0")
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return cpu_session(path, threads=threads or physical_cores(), spinning=spinning)
 
 
 def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:

@@ -6,8 +6,8 @@ and their logits straight into the array this class returns) and static-T chunki
 (``forward(token_ids, start_pos)``).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
-threads (None: ORT's default, one per physical core), ORT's default thread spinning (the
-benchmarks that share cores pass ``profile.ort_session(spinning=False)`` sessions instead), and
+threads (None: ORT's default, one per physical core), ``spinning`` (None: ORT's threading
+defaults; False for sessions that share the cores, ``onnx_host.cpu_session``), and
 ``huge_pages`` (default on): the session's weights are moved onto transparent huge pages
 (``omnidraft_deploy.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
 """
@@ -36,11 +36,12 @@ class OrtModel(RuntimeModel):
         *,
         session: Any | None = None,
         threads: int | None = None,
+        spinning: bool | None = None,
         huge_pages: bool = True,
     ) -> None:
         super().__init__(path, info)
         if session is None:
-            make = lambda: cpu_session(self.path, threads=threads)  # noqa: E731
+            make = lambda: cpu_session(self.path, threads=threads, spinning=spinning)  # noqa: E731
             session = on_huge_pages(make) if huge_pages else make()
         self.graph = ExplicitCacheGraph(session, info)
 

@@ -30,7 +30,7 @@ from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids
 
 from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.parity import eager_step, parity
+from omnidraft_deploy.parity import eager_step, parity, step_speed
 from omnidraft_deploy.presets import ModelSpec, get_preset
 from omnidraft_deploy.reference.load import load_model
 
@@ -79,6 +79,7 @@ def run_config(
         result = parity(artifact, eager_step(model), prompts)
         row["verify_s"] = round(time.perf_counter() - t1, 1)
         row["parity"] = result
+        row["speed"] = step_speed(artifact, verify_len=5, max_seq_len=info.max_seq_len)
         if htp and backend == "qnn":
             from omnidraft_deploy.exporters.qnn import htp_step
 
@@ -111,20 +112,24 @@ def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "# Export report", "",
         f"torch {meta['torch']}, {meta['threads']} threads, max_seq_len {meta['max_seq_len']}, "
         f"{meta['prompts']} prompts per model; parity over prefill + 3 steps + rollback.", "",
-        "| model | backend | quant | graph MB | export s | peak RSS MB | max abs diff | max logit | top-1 | pass | placement |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | backend | quant | graph MB | export s (stages) | peak RSS MB | verify s | max abs diff | max logit | top-1 | pass | decode tok/s | placement |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for r in rows:
         if "error" in r:
             lines.append(
-                f"| {r['model']} | {r['backend']} | {r['quantization']} | failed: {r['error'][:120]} |||||||"
+                f"| {r['model']} | {r['backend']} | {r['quantization']} | failed: {r['error'][:120]} |||||||||"
             )
             continue
         p, nodes = r["parity"], _placement(r)
+        stages = ", ".join(f"{k} {v['seconds']:.0f}" for k, v in r.get("stages", {}).items())
+        speed = r.get("speed", {}).get("speed_decode_tok_s")
         lines.append(
             f"| {r['model']} | {r['backend']} | {r['quantization']} | {r['graph_bytes'] / 2**20:.1f} "
-            f"| {r['export_s']} | {r['export_peak_rss_mb']} | {p['max_abs_logit_diff']:.3g} "
-            f"| {p['max_abs_logit']:.3g} | {p['top1_agreement']:.3f} | {r['passed']} | {nodes} |"
+            f"| {r['export_s']}{f' ({stages})' if stages else ''} | {r['export_peak_rss_mb']} "
+            f"| {r['verify_s']} | {p['max_abs_logit_diff']:.3g} | {p['max_abs_logit']:.3g} "
+            f"| {p['top1_agreement']:.3f} | {r['passed']} | {f'{speed:.1f}' if speed else '-'} "
+            f"| {nodes} |"
         )
     ops = {op for r in rows for op in r.get("op_coverage", {}).get("non_delegated_ops", {})}
     lines += [
@@ -143,6 +148,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="reports/export_report")
     ap.add_argument("--htp", action="store_true", help="qnn: also measure parity on the HTP")
+    ap.add_argument("--prompts", type=int, default=3, help="shipped prompts parity reads")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(args.threads)
@@ -152,7 +158,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": args.threads,
         "max_seq_len": args.max_seq_len,
-        "prompts": 3,
+        "prompts": args.prompts,
     }
     for preset in args.models.split(","):
         spec = get_preset(preset)
@@ -162,7 +168,7 @@ def main() -> None:
         log.info(
             "%s loaded in %.1f s (peak RSS %.0f MB)", preset, time.perf_counter() - t0, rss.peak_mb
         )
-        prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=3, limit=24)
+        prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=args.prompts, limit=24)
         for cfg in args.configs.split(","):
             backend, quant = cfg.split(":")
             rows.append(run_config(model, spec, backend, quant, prompts, args.htp))

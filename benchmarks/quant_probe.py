@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from omnidraft_deploy.exporters.calibration import calibration_prompts
-from omnidraft_deploy.exporters.onnx_fused import int4_grid, quantize_blocks
+from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
 from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
@@ -31,15 +31,6 @@ from torch import Tensor, nn
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
 from omnidraft_deploy.reference.load import load_model
-
-
-def int4_rtn(w: Tensor, block: int) -> Tensor:
-    """Asymmetric min/max int4 per block of ``block`` inputs, dequantised: ``w (N, K)``."""
-    n, k = w.shape
-    wb = w.view(n, k // block, block)
-    s, zp = int4_grid(wb)
-    q = (torch.round(wb / s[..., None]) + zp[..., None]).clamp(0, 15)
-    return ((q - zp[..., None]) * s[..., None]).view(n, k)
 
 
 def fake_quant(x: Tensor, bound: float, bits: int = 16, lo: float | None = None) -> Tensor:

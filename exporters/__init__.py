@@ -63,14 +63,14 @@ def export_xnnpack(
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
 ) -> tuple[GraphInfo, dict[str, Any]]:
-    """ExecuTorch ``<role>.pte`` lowered to XNNPACK, T dynamic; extras: op coverage."""
+    """ExecuTorch ``<role>.pte`` lowered to XNNPACK, T dynamic; extras: op coverage, stages."""
     from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
 
     info = graph_info(model, spec, file=f"{role}.pte", quantization=recipe.name, seq_len=None)
     coverage = export_pte(
         model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids, bundle_hash=bundle_hash
     )
-    return info, {"op_coverage": coverage}
+    return info, {"stages": coverage.pop("stages"), "op_coverage": coverage}
 
 
 @register("onnx")

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnidraft_deploy.exporters import get_exporter
-from omnidraft_deploy.exporters.memory import PeakRSS
+from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.quantize import get_recipe
 from tqdm import tqdm
 
@@ -92,15 +90,6 @@ class ExportConfig:
         if role == "drafter" and self.drafter_quantization is not None:
             return self.drafter_quantization
         return self.quantization
-
-
-@contextmanager
-def stage(record: dict[str, Any], name: str) -> Iterator[None]:
-    """Record ``name``'s wall seconds and peak host RSS (MiB) into ``record``."""
-    t0 = time.perf_counter()
-    with PeakRSS() as rss:
-        yield
-    record[name] = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mb": rss.peak_mb}
 
 
 def _default_verify(

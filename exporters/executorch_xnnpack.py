@@ -1,6 +1,7 @@
 """Recipe: Transformer -> ExecuTorch ``.pte`` lowered to XNNPACK (phone CPU).
 
-Stages: prepare (stateful wrapper: KV cache as mutable buffers, no grad) -> quantize (a deep copy,
+Stages (each timed, with its peak RSS, into the returned ``stages``): prepare (stateful wrapper:
+KV cache as mutable buffers, no grad) -> quantize (a deep copy,
 ``quantize.quantize_eager``: 8da4w / 8da8w / int8w linears, optional int8 embedding) -> export
 (``torch.export``, T dynamic in [1, max_seq_len]) -> lower (``to_edge_transform_and_lower`` with
 ``XnnpackPartitioner``) -> serialize (atomic rename). Verification (reload through
@@ -22,6 +23,7 @@ from omnidraft_deploy.exporters.exportable import (
     dynamic_shapes_stateful,
     example_inputs,
 )
+from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.quantize import QuantRecipe, quantize_eager
 
 from omnidraft_deploy.manifest import write_bytes_atomic
@@ -87,7 +89,8 @@ def export_pte(
     bundle_hash: str = "",
     seq_len: int | None = None,
 ) -> dict[str, Any]:
-    """Write ``path`` (.pte); returns op coverage. ``model`` is not modified.
+    """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
+    stage). ``model`` is not modified.
 
     ``seq_len`` None: T dynamic in [1, max_seq_len] (the contract); an int gives a static-T program.
     """
@@ -95,19 +98,24 @@ def export_pte(
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
-    model = model.eval().requires_grad_(False)  # prepare
-    quantized = quantize_eager(model, recipe)  # quantize (a copy unless fp32)
+    stages: dict[str, Any] = {}
+    model = model.eval().requires_grad_(False)
+    with stage(stages, "quantize"):  # a copy unless fp32
+        quantized = quantize_eager(model, recipe)
     ids, pos = example_inputs(model.args, seq_len or 2)
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)
-    with torch.no_grad():  # export
+    with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
-    edge = to_edge_transform_and_lower(  # lower
-        ep,
-        partitioner=[XnnpackPartitioner()],
-        constant_methods=constant_methods(model, eos_ids, bundle_hash),
-        compile_config=EdgeCompileConfig(_check_ir_validity=False),
-    )
+    with stage(stages, "lower"):
+        edge = to_edge_transform_and_lower(
+            ep,
+            partitioner=[XnnpackPartitioner()],
+            constant_methods=constant_methods(model, eos_ids, bundle_hash),
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
     coverage = op_coverage(edge)
     log.info("%s: XNNPACK coverage %s", path.name, coverage)
-    write_bytes_atomic(path, edge.to_executorch().buffer)  # serialize
-    return coverage
+    with stage(stages, "serialize"):
+        write_bytes_atomic(path, edge.to_executorch().buffer)
+    log.info("%s: stages %s", path.name, stages)
+    return coverage | {"stages": stages}

@@ -5,8 +5,8 @@ Round-to-nearest int4 in blocks of 32 keeps only 0.84 of Qwen2.5-0.5B's teacher-
 each column's error onto the columns not yet quantised, weighted by the inverse of the layer's
 input Hessian ``H = X^T X`` (from calibration text), so the layer's *output* error is what is
 minimised, not the weights'. The grid is the ``int4`` recipe's (``onnx_fused.int4_grid``):
-asymmetric per block of ``block`` inputs, integer zero point, range widened to hold 0; block
-parameters are set from the weights as they stand when the block's first column is reached.
+16 levels from min to max per block of ``block`` inputs, float offset; block parameters are set
+from the weights as they stand when the block's first column is reached.
 
 Pure functions on tensors; ``input_hessians`` runs the eager model over calibration prompts.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from omnidraft_deploy.exporters.calibration import forward_prompts
-from omnidraft_deploy.exporters.onnx_fused import int4_grid
+from omnidraft_deploy.exporters.onnx_fused import int4_codes, int4_grid
 from torch import Tensor, nn
 
 
@@ -67,9 +67,9 @@ def gptq_int4(w: Tensor, hessian: Tensor, *, block: int = 32, damp: float = 0.01
         Err1 = torch.zeros_like(W1)
         for i in range(i2 - i1):
             if i % block == 0:
-                scale, zp = int4_grid(W1[:, i : i + block])  # per row
+                step, offset = int4_grid(W1[:, i : i + block])  # per row
             col, d = W1[:, i], Hinv1[i, i]
-            q = (torch.clamp(torch.round(col / scale) + zp, 0, 15) - zp) * scale
+            q = int4_codes(col[:, None], step, offset)[:, 0] * step + offset
             Q[:, i1 + i] = q
             err = (col - q) / d
             W1[:, i:] -= err[:, None] * Hinv1[i, i:][None, :]

@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
+from typing import Any
 
 
 def peak_rss_mb() -> float:
@@ -63,3 +67,12 @@ class PeakRSS:
         if lifetime > self._lifetime_before:  # a spike between samples raised the lifetime peak
             self.peak_mb = max(self.peak_mb, lifetime)
         self.peak_mb = round(self.peak_mb, 1)
+
+
+@contextmanager
+def stage(record: dict[str, Any], name: str) -> Iterator[None]:
+    """Record ``name``'s wall seconds and peak host RSS (MiB) into ``record``."""
+    t0 = time.perf_counter()
+    with PeakRSS() as rss:
+        yield
+    record[name] = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mb": rss.peak_mb}

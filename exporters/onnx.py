@@ -167,11 +167,14 @@ def _export_fused(
         out = Path(tmp) / path.name
         with contextlib.ExitStack() as stack:
             data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
+            plan = None
             if name == "w8a8":
                 model = _smoothed_for_w8a8(model, info)
+            elif name == "int4" and recipe is not None:
+                plan = _int4_plan(model, info, recipe.group_size)
             with torch.no_grad():
                 proto = build_graph(
-                    model, recipe, data=data, location=data_name, invariant=invariant
+                    model, recipe, data=data, location=data_name, invariant=invariant, plan=plan
                 )
         set_metadata(proto, info, bundle_hash)
         t1 = time.perf_counter()
@@ -186,17 +189,36 @@ def _export_fused(
     return path
 
 
+def _calibration_ids(model: Transformer, info: GraphInfo, limit: int) -> list[list[int]]:
+    """Real text in the graph's own tokenizer, held out from the verification prompts (test
+    presets cut the vocabulary: ids are read modulo its size)."""
+    from omnidraft_deploy.exporters.calibration import calibration_prompts
+
+    vocab, limit = model.args.vocab_size, min(limit, model.args.max_seq_len)
+    return [[t % vocab for t in ids] for ids in calibration_prompts(info.tokenizer, limit) if ids]
+
+
+def _int4_plan(model: Transformer, info: GraphInfo, block: int) -> dict[str, int] | None:
+    """Which body matmuls of an int4 graph stay at 8 bits (``exporters.int4_plan``); None (all
+    int4) where the dims are not whole blocks (the simulation reshapes inputs into blocks)."""
+    from omnidraft_deploy.exporters import int4_plan
+
+    if model.args.dim % block or model.args.intermediate_size % block:
+        log.warning("%s: dims not multiples of %d; every body matmul at int4", info.file, block)
+        return None
+    t0 = time.perf_counter()
+    plan = int4_plan.plan(model, _calibration_ids(model, info, 64), block)
+    log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", info.file,
+             sum(b == 4 for b in plan.values()), len(plan), time.perf_counter() - t0)  # fmt: skip
+    return plan
+
+
 def _smoothed_for_w8a8(model: Transformer, info: GraphInfo) -> Transformer:
     """The SmoothQuant copy ``w8a8`` is written from (``exporters.smoothquant``), calibrated on
     real text in the graph's own tokenizer, held out from the verification prompts."""
-    from omnidraft_deploy.exporters.calibration import calibration_prompts
     from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
 
-    vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
-    limit = min(128, model.args.max_seq_len)
-    prompts = [
-        [t % vocab for t in ids] for ids in calibration_prompts(info.tokenizer, limit) if ids
-    ]
+    prompts = _calibration_ids(model, info, 128)
     t0 = time.perf_counter()
     out = smoothed(model, activation_absmax(model, prompts))
     log.info("%s: SmoothQuant calibrated on %d prompts (%d tokens) in %.1f s", info.file,

@@ -8,7 +8,10 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   RoPE from cos/sin caches) and past/present KV buffers of ``max_seq_len`` slots;
 - weight matmuls as ``MatMul`` (fp32) or ``MatMulNBits`` (int8 symmetric / int4 asymmetric, blocks
   of ``group_size`` along the input dimension, ``accuracy_level=4``: int8 compute, ~24x faster
-  than fp32 compute for 8-bit weights here); gate|up packed into one matmul;
+  than fp32 compute for 8-bit weights here); gate|up packed into one matmul. int4 keeps a float
+  offset per block (GGUF Q4_1's grid, exact for weights published in it): MatMulNBits' own zero
+  points are integers, and its float zero points run 40x slower here (fp32 dequantisation per
+  call), so the offsets are a per-row block sum times an ``(n_blocks, N)`` table, added after;
 - or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column) and int8
   activations with one scale per row (``GraphWriter.linear_rows``): ONNX Runtime's int8 GEMM
   (VNNI / AMX) instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
@@ -45,33 +48,52 @@ RECIPE_BITS = {"int8": 8, "int4": 4, "w8a8": 8}  # weight bits of the quantised 
 
 
 def int4_grid(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Scale and integer zero point of the int4 grid of each block ``w (..., block)`` (last dim):
-    asymmetric min/max with the range widened to hold 0 (GGUF Q4_1's layout)."""
-    lo, hi = w.amin(-1).clamp(max=0), w.amax(-1).clamp(min=0)
-    scale = ((hi - lo) / 15.0).clamp(min=1e-8)
-    return scale, torch.round(-lo / scale).clamp(0, 15)
+    """Step and float offset of the int4 grid of each block ``w (..., block)`` (last dim): the 16
+    levels ``offset + step * j`` spanning the block's min..max, GGUF Q4_1's layout (and Q4_K's
+    per sub-block). A model published in those formats (SmolLM2-135M's Q4_1 GGUF, the Q4_K
+    ffn_down layers of Qwen2.5-Coder-0.5B's) comes back on its own grid, exactly."""
+    lo, hi = w.amin(-1), w.amax(-1)
+    return ((hi - lo) / 15.0).clamp(min=1e-8), lo
+
+
+def int4_codes(w: Tensor, step: Tensor, offset: Tensor) -> Tensor:
+    """Codes 0..15 of ``w (..., block)`` on the grid ``offset + step * j`` (per block)."""
+    return torch.round((w - offset[..., None]) / step[..., None]).clamp(0, 15)
+
+
+def int4_rtn(w: Tensor, block: int) -> Tensor:
+    """``w (N, K)`` rounded to its int4 grid per block of ``block`` inputs (what the graph holds)."""
+    n, k = w.shape
+    n_blocks = -(-k // block)
+    wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k), value=float(w.min()))
+    wb = wb.view(n, n_blocks, block)
+    step, offset = int4_grid(wb)
+    deq = int4_codes(wb, step, offset) * step[..., None] + offset[..., None]
+    return deq.view(n, n_blocks * block)[:, :k]
 
 
 def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
-    """``w (N, K)`` -> MatMulNBits ``B (N, n_blocks, block*bits/8) uint8``, ``scales (N*n_blocks,)``,
-    ``zero_points`` (4-bit: packed ``(N*ceil(n_blocks/2),) uint8``; 8-bit: None = 128).
+    """``w (N, K)`` -> MatMulNBits ``B (N, n_blocks, block*bits/8) uint8``, ``scales (N*n_blocks,)``
+    and a third array: 8-bit None (zero point 128); 4-bit the float offsets ``(N, n_blocks)``.
 
-    8-bit: symmetric per block (``q = round(w/s) + 128``); 4-bit: asymmetric min/max per block
-    with the range widened to hold 0 (GGUF Q4_1's layout). Two 4-bit values per byte, low first.
+    8-bit: symmetric per block (``q = round(w/s) + 128``). 4-bit: ``int4_grid`` (step and float
+    offset per block, ``w ~ offset + step * q``); MatMulNBits holds ``step * (q - 8)`` (its
+    default zero point) and ``offset + 8 * step`` is added by the graph (``GraphWriter.linear``).
+    Two 4-bit values per byte, low first. A padded last block is padded with its own minimum.
     """
     n, k = w.shape
     n_blocks = -(-k // block)
-    wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k)).view(n, n_blocks, block)
     if bits == 8:
+        wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k)).view(n, n_blocks, block)
         scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
         q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
         return q.numpy(), scale.reshape(-1).numpy(), None
-    scale, zp = int4_grid(wb)
-    q = (torch.round(wb / scale[..., None]) + zp[..., None]).clamp(0, 15).to(torch.uint8)
+    pad = (0, n_blocks * block - k)
+    wb = torch.nn.functional.pad(w.float(), pad, value=float(w.min())).view(n, n_blocks, block)
+    step, offset = int4_grid(wb)
+    q = int4_codes(wb, step, offset).to(torch.uint8)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
-    zq = torch.nn.functional.pad(zp.to(torch.uint8), (0, n_blocks % 2))
-    zp_packed = (zq[:, 0::2] | (zq[:, 1::2] << 4)).reshape(-1)
-    return packed.numpy(), scale.reshape(-1).numpy(), zp_packed.numpy()
+    return packed.numpy(), step.reshape(-1).numpy(), offset.numpy()
 
 
 class GraphWriter:
@@ -83,11 +105,14 @@ class GraphWriter:
     """
 
     def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = "",
-                 act_rows: bool = False) -> None:  # fmt: skip
+                 act_rows: bool = False, plan: dict[str, int] | None = None) -> None:  # fmt: skip
         from onnx import ModelProto, helper
 
         self.helper, self.model = helper, ModelProto()
         self.bits, self.block, self.act_rows = bits, block, act_rows
+        self.plan = (
+            plan or {}
+        )  # matmul name -> bits where not the graph's (``exporters.int4_plan``)
         self._shared: set[str] = set()
         self.data, self.location = data, location
         self.nodes: list[Any] = []
@@ -128,27 +153,47 @@ class GraphWriter:
         self, name: str, x: str, w: Tensor, bias: Tensor | None = None, *, bits: int | None = None
     ) -> str:
         """``x (1, T, K) @ w.T (+ bias)``: ``w (N, K)`` as MatMul or MatMulNBits (``bits``: this
-        matmul's width when not the graph's)."""
+        matmul's width when not the graph's or the plan's)."""
         out = f"{name}/out"
         n, k = w.shape
-        bits = self.bits if bits is None else bits
+        bits = self.plan.get(name, self.bits) if bits is None else bits
         if bits == 8 and self.act_rows:
             out = self.linear_rows(name, x, w)
         elif bits == 0:
             self.node("MatMul", [x, self.const(f"{name}.weight_t", w.T.contiguous())], [out])
         else:
-            q, scales, zp = quantize_blocks(w.detach(), bits, self.block)
+            q, scales, offsets = quantize_blocks(w.detach(), bits, self.block)
             ins = [x, self.const(f"{name}.qweight", q), self.const(f"{name}.scales", scales)]
-            if zp is not None:
-                ins.append(self.const(f"{name}.zero_points", zp))
+            centred = out if bits == 8 else f"{name}/centred"
             self.node(
-                "MatMulNBits", ins, [out], K=k, N=n, bits=bits, block_size=self.block,
+                "MatMulNBits", ins, [centred], K=k, N=n, bits=bits, block_size=self.block,
                 accuracy_level=ACCURACY_LEVEL,
             )  # fmt: skip
+            if bits == 4:
+                corr = self.block_offsets(name, x, k, offsets + 8 * scales.reshape(offsets.shape))
+                self.node("Add", [centred, corr], [out])
         if bias is None:
             return out
         self.node("Add", [out, self.const(f"{name}.bias", bias)], [f"{name}/biased"])
         return f"{name}/biased"
+
+    def block_offsets(self, name: str, x: str, k: int, offsets: np.ndarray) -> str:
+        """``sum over blocks b of (sum of x over block b) * offsets[:, b]``: the float offsets of
+        an int4 grid, ``x (1, T, K)``, ``offsets (N, n_blocks)``. Every row is its own (a reduce
+        and a small fp32 MatMul over ``n_blocks``), so the graph stays batch-invariant."""
+        n_blocks = offsets.shape[1]
+        p = f"{name}/blocks"
+        if k % self.block:  # zero-pad the inputs of the last block (not the case for real LLMs)
+            pads = np.array([0, 0, 0, 0, 0, n_blocks * self.block - k], np.int64)
+            self.node("Pad", [x, self.const(f"{p}/pads", pads)], [f"{p}/padded"])
+            x = f"{p}/padded"
+        shape = np.array([1, -1, n_blocks, self.block], np.int64)
+        self.node("Reshape", [x, self.shared(f"blocks/shape{n_blocks}", shape)], [f"{p}/split"])
+        last = self.shared("rows/last_axis", np.array([-1], np.int64))
+        self.node("ReduceSum", [f"{p}/split", last], [f"{p}/sums"], keepdims=0)
+        table = self.const(f"{name}.block_offsets", np.ascontiguousarray(offsets.T, np.float32))
+        self.node("MatMul", [f"{p}/sums", table], [f"{p}/out"])
+        return f"{p}/out"
 
     def linear_rows(self, name: str, x: str, w: Tensor) -> str:
         """``x @ w.T`` as ``MatMulInteger``: ``w`` int8 symmetric per output column; each row of
@@ -256,10 +301,11 @@ def _norm(g: GraphWriter, x: str, skip: str | None, weight: Tensor, name: str, e
 
 def build_graph(
     model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
-    location: str = "", invariant: bool = False,
+    location: str = "", invariant: bool = False, plan: dict[str, int] | None = None,
 ) -> Any:  # fmt: skip
     """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
-    that open file as external data named ``location`` (see ``GraphWriter``).
+    that open file as external data named ``location`` (see ``GraphWriter``). ``plan``: bits of
+    named body matmuls where they differ from the recipe's (``exporters.int4_plan``).
 
     ``invariant``: batch-invariant attention from plain ops (``onnx_invariant``, ``CacheIO.CHUNK``)
     instead of ``GroupQueryAttention`` (``CacheIO.SHARED``)."""
@@ -270,7 +316,7 @@ def build_graph(
     name = recipe.name if recipe else "fp32"
     bits = RECIPE_BITS.get(name, 0)
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location,
-                    act_rows=name == "w8a8")  # fmt: skip
+                    act_rows=name == "w8a8", plan=plan)  # fmt: skip
     cos, sin = (
         model.get_buffer("rope_cos"),
         model.get_buffer("rope_sin"),
@@ -315,17 +361,21 @@ def build_graph(
 
 def weight_bytes(model: Transformer, recipe: QuantRecipe | None) -> int:
     """Bytes the fused graph's initializers will take (decides external data before building):
-    fp32 tables and norms, ``bits/8`` per quantised weight plus a 4-byte scale per block."""
+    fp32 tables and norms, ``bits/8`` per quantised weight plus a 4-byte scale per block (int4:
+    and a 4-byte offset)."""
     a = model.args
     bits = RECIPE_BITS.get(recipe.name if recipe else "fp32", 0)
     block = recipe.group_size if recipe else 32
     total = 0
     for name, p in model.named_parameters():
         quantised = bits and p.dim() == 2 and "embed_tokens" not in name
-        total += p.numel() * bits // 8 + p.numel() // block * 5 if quantised else p.numel() * 4
+        per_block = 8 if bits == 4 else 4
+        total += (
+            p.numel() * bits // 8 + p.numel() // block * per_block if quantised else p.numel() * 4
+        )
     if bits and a.tie_embeddings:  # the head is a quantised copy of the table (int4: 8 bits)
         head_bits = 8 if bits == 4 else bits
-        total += a.vocab_size * a.dim * head_bits // 8 + a.vocab_size * a.dim // block * 5
+        total += a.vocab_size * a.dim * head_bits // 8 + a.vocab_size * a.dim // block * 4
     return total
 
 

@@ -12,12 +12,29 @@ from omnidraft_deploy.reference.model import build_model
 
 
 def _rtn(w: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """Round to nearest on the recipe's grid, written out: 16 levels from min to max per block."""
     n, k = w.shape
     wb = w.view(n, k // block, block)
-    lo, hi = wb.amin(-1, keepdim=True).clamp(max=0), wb.amax(-1, keepdim=True).clamp(min=0)
+    lo, hi = wb.amin(-1, keepdim=True), wb.amax(-1, keepdim=True)
     s = ((hi - lo) / 15).clamp(min=1e-8)
-    zp = torch.round(-lo / s).clamp(0, 15)
-    return ((torch.clamp(torch.round(wb / s) + zp, 0, 15) - zp) * s).view(n, k)
+    return (torch.round((wb - lo) / s).clamp(0, 15) * s + lo).view(n, k)
+
+
+def test_the_graph_rounding_is_round_to_nearest_and_exact_on_a_q4_1_grid() -> None:
+    from omnidraft_deploy.exporters.onnx_fused import int4_rtn
+
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 64, generator=gen)
+    torch.testing.assert_close(int4_rtn(w, 32), _rtn(w))
+    # weights published on a Q4_1 grid (offset + step * code per block) come back unchanged
+    step, lo = torch.rand(8, 2, 1, generator=gen) * 0.1 + 0.01, -torch.rand(8, 2, 1, generator=gen)
+    codes = torch.randint(0, 16, (8, 2, 32), generator=gen).float()
+    codes[..., 0], codes[..., 1] = (
+        0,
+        15,
+    )  # each block spans its grid (as a Q4_1 quantiser leaves it)
+    q41 = (codes * step + lo).view(8, 64)
+    torch.testing.assert_close(int4_rtn(q41, 32), q41, rtol=0, atol=1e-6)
 
 
 def test_gptq_beats_round_to_nearest_on_the_layer_output_and_stays_on_the_grid() -> None:

@@ -1,0 +1,194 @@
+"""Which weight matmuls of an ``int4`` graph keep 8 bits: mixed precision chosen by measurement.
+
+Round-to-nearest int4 on every body matmul keeps teacher-forced top-1 0.85 of Qwen2.5-Coder-0.5B
+(12 shipped prompts, fused graph), while SmolLM2-135M, published as a Q4_1 GGUF, comes back on
+its own grid exactly (``onnx_fused.int4_grid``). So the recipe decides per fused matmul (a
+layer's qkv, o_proj, gate_up, down_proj), as llama.cpp's Q4_K_M keeps some tensors at 6 bits:
+
+1. rank the matmuls by the share of their output that int4 rounding changes, weighting each
+   input channel by its mean square on calibration text (``relative_errors``: the diagonal of
+   GPTQ's ``X^T X``, one eager forward);
+2. simulate the graph in eager PyTorch (``simulated``: int4 / int8 block weights as the graph
+   holds them, the lm_head at 8 bits, and every matmul input rounded to int8 per block of 32, as
+   MatMulNBits' ``accuracy_level=4`` computes) and binary-search the longest prefix of that
+   ranking at int4 whose teacher-forced top-1 against fp32 stays within ``MAX_TOP1_LOSS`` of the
+   all-int8 graph's, on calibration text held out from the verification prompts.
+
+Pure functions of the eager model; ``plan`` is what the exporter calls.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator
+
+import torch
+from omnidraft_deploy.exporters.calibration import forward_prompts
+from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
+from omnidraft_deploy.exporters.quantize import swap_modules
+from torch import Tensor, nn
+
+from omnidraft_deploy.reference.model import DecoderLayer, Transformer
+
+log = logging.getLogger(__name__)
+MAX_TOP1_LOSS = 0.015  # int4 may cost this much top-1 (calibration text) over the int8 graph
+_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
+          "gate_up": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}  # fmt: skip
+
+
+def fused_linears(model: Transformer) -> Iterator[tuple[str, list[nn.Module]]]:
+    """``(graph name, the eager linears it packs)`` for every body matmul of the fused graph
+    (``onnx_fused``'s names: ``layers.<i>.qkv_proj`` / ``o_proj`` / ``gate_up`` / ``down_proj``)."""
+    for i, layer in enumerate(model.model.layers):
+        assert isinstance(layer, DecoderLayer)
+        for fused, parts in _PARTS.items():
+            owner = layer.self_attn if fused in ("qkv_proj", "o_proj") else layer.mlp
+            yield f"layers.{i}.{fused}", [getattr(owner, p) for p in parts]
+
+
+def int8_blocks(w: Tensor, block: int) -> Tensor:
+    """``w (N, K)`` on the ``int8`` recipe's grid (symmetric per block), dequantised."""
+    q, scales, _ = quantize_blocks(w, 8, block)
+    n, k = w.shape
+    deq = (torch.from_numpy(q).float() - 128.0) * torch.from_numpy(scales).view(n, -1, 1)
+    return deq.reshape(n, -1)[:, :k]
+
+
+def _weight(m: nn.Module) -> Tensor:
+    w = m.weight
+    assert isinstance(w, Tensor)
+    return w.detach().float()
+
+
+@torch.no_grad()
+def relative_errors(model: Transformer, prompts: list[list[int]], block: int) -> dict[str, float]:
+    """Per fused matmul: ``sum_j ||dW_:,j||^2 E[x_j^2] / sum_j ||W_:,j||^2 E[x_j^2]``, ``dW`` the
+    int4 rounding error, ``E[x_j^2]`` input channel ``j``'s mean square over ``prompts``."""
+    squares: dict[int, Tensor] = {}
+    counts: dict[int, int] = {}
+
+    def hook(mod: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
+        x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
+        squares[id(mod)] = squares.get(id(mod), 0) + (x * x).sum(0)  # type: ignore[assignment,operator]
+        counts[id(mod)] = counts.get(id(mod), 0) + x.shape[0]
+
+    firsts = [linears[0] for _, linears in fused_linears(model)]  # parts share their input
+    forward_prompts(model, prompts, [m.register_forward_hook(hook) for m in firsts])
+    out = {}
+    for name, linears in fused_linears(model):
+        ms = (squares[id(linears[0])] / counts[id(linears[0])]).float()
+        w = torch.cat([_weight(m) for m in linears])
+        err = ((int4_rtn(w, block) - w) ** 2).sum(0)
+        out[name] = float((err * ms).sum() / ((w * w).sum(0) * ms).sum().clamp(min=1e-30))
+    return out
+
+
+def int4_parts(w: Tensor, block: int) -> tuple[Tensor, Tensor]:
+    """``w (N, K)`` on its int4 grid split as the graph computes it: the part MatMulNBits holds,
+    ``step * (code - 8)``, and the per-block constant ``offset + 8 * step`` the graph adds in fp32
+    (``onnx_fused.GraphWriter.block_offsets``), each expanded to ``(N, K)``."""
+    n, k = w.shape
+    q, steps, offsets = quantize_blocks(w, 4, block)
+    b = torch.from_numpy(q)
+    codes = torch.stack([b & 15, b >> 4], -1).view(n, -1, block).float()
+    step = torch.from_numpy(steps).view(n, -1, 1)
+    const = torch.from_numpy(offsets)[..., None] + 8 * step
+    expand = torch.ones(1, 1, block)
+    return ((codes - 8) * step).view(n, -1)[:, :k], (const * expand).view(n, -1)[:, :k]
+
+
+class SimLinear(nn.Module):
+    """A quantised graph matmul in eager: ``int8(x) @ centred.T + x @ constant.T (+ bias)``, the
+    input rounded to int8 per block of ``block`` as MatMulNBits' ``accuracy_level=4`` does."""
+
+    def __init__(self, linear: nn.Linear, block: int) -> None:
+        super().__init__()
+        self.block, self.bias = block, linear.bias
+        self.weight = linear.weight.detach().float()  # replaced by ``set``
+        self.constant: Tensor | None = None
+
+    def set(self, centred: Tensor, constant: Tensor | None) -> None:
+        self.weight, self.constant = centred, constant
+
+    def forward(self, x: Tensor) -> Tensor:
+        xb = x.reshape(*x.shape[:-1], x.shape[-1] // self.block, self.block)
+        scale = xb.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127.0
+        y = nn.functional.linear((torch.round(xb / scale) * scale).reshape(x.shape), self.weight)
+        if self.constant is not None:
+            y = y + nn.functional.linear(x, self.constant)
+        return y if self.bias is None else y + self.bias
+
+
+class Simulator:
+    """The int4 graph in eager PyTorch for any set of int4 matmuls (the rest at int8).
+
+    Holds one working copy of ``model`` (its linears as ``SimLinear``, the lm_head untied, at
+    int8) and both quantised versions of every body weight, so each candidate plan is a swap of
+    tensors, not of models."""
+
+    def __init__(self, model: Transformer, block: int) -> None:
+        if model.args.dim % block or model.args.intermediate_size % block:
+            raise ValueError(f"int4 plan: dims {model.args.dim}/{model.args.intermediate_size} "
+                             f"are not multiples of the block {block}")  # fmt: skip
+        self.work = copy.deepcopy(model).eval().requires_grad_(False)
+        swap_modules(self.work, nn.Linear, lambda m: SimLinear(m, block))
+        head = self.work.lm_head
+        assert isinstance(head, SimLinear)
+        head.set(int8_blocks(_weight(head), block), None)
+        self.options: dict[str, dict[int, list[tuple[Tensor, Tensor | None]]]] = {}
+        for name, linears in fused_linears(self.work):
+            weights = [_weight(m) for m in linears]
+            self.options[name] = {
+                4: [int4_parts(w, block) for w in weights],
+                8: [(int8_blocks(w, block), None) for w in weights],
+            }
+
+    def top1(self, int4: set[str], prompts: list[list[int]], ref: list[Tensor]) -> float:
+        """Teacher-forced top-1 agreement with ``ref`` (fp32 argmaxes) with ``int4`` at 4 bits."""
+        for name, linears in fused_linears(self.work):
+            for m, parts in zip(linears, self.options[name][4 if name in int4 else 8], strict=True):
+                m.set(*parts)  # type: ignore[operator]
+        return agreement(self.work, prompts, ref)
+
+
+@torch.no_grad()
+def argmaxes(model: nn.Module, prompts: list[list[int]]) -> list[Tensor]:
+    return [model.forward_train(torch.tensor([p]))[0].argmax(-1) for p in prompts]  # type: ignore[operator]
+
+
+def agreement(model: nn.Module, prompts: list[list[int]], ref: list[Tensor]) -> float:
+    got = argmaxes(model, prompts)
+    return float(sum(int((g == r).sum()) for g, r in zip(got, ref, strict=True))) / sum(
+        len(r) for r in ref
+    )
+
+
+def longest_prefix(ranked: list[str], accept: Callable[[set[str]], bool]) -> int:
+    """Largest ``n`` with ``accept(set(ranked[:n]))`` by binary search (``accept`` assumed
+    monotone: a longer prefix is never better; the empty prefix is accepted unasked)."""
+    lo, hi = 0, len(ranked)
+    if accept(set(ranked)):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accept(set(ranked[:mid])) else (lo, mid)
+    return lo
+
+
+def plan(model: Transformer, prompts: list[list[int]], block: int = 32) -> dict[str, int]:
+    """Bits (4 or 8) of every fused body matmul: the longest prefix of the ``relative_errors``
+    ranking at int4 whose simulated top-1 stays within ``MAX_TOP1_LOSS`` of all-int8."""
+    if not prompts:
+        raise ValueError("int4 plan: calibration needs at least one prompt")
+    errors = relative_errors(model, prompts, block)
+    ranked = sorted(errors, key=errors.__getitem__)
+    ref = argmaxes(model, prompts)
+    sim = Simulator(model, block)
+    floor = sim.top1(set(), prompts, ref) - MAX_TOP1_LOSS
+    n = longest_prefix(ranked, lambda int4: sim.top1(int4, prompts, ref) >= floor)
+    log.info("int4 plan: %d of %d matmuls at int4 (floor top-1 %.3f; largest relative error "
+             "kept at int4 %.2e)", n, len(ranked), floor,
+             errors[ranked[n - 1]] if n else float("nan"))  # fmt: skip
+    chosen = set(ranked[:n])
+    return {name: 4 if name in chosen else 8 for name in ranked}

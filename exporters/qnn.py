@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omnidraft_deploy.exporters.calibration import (
     StepReader,
@@ -28,9 +28,11 @@ from omnidraft_deploy.exporters.calibration import (
     reciprocal_to_div,
     step_feeds,
 )
+from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.onnx import export_onnx, set_metadata
 from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
 from omnidraft_deploy.exporters.qnn_mixed import float_residual
+from omnidraft_deploy.exporters.qnn_weights import gptq_linears, matmuls_to_gemm, pin_grids
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
 from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
@@ -38,6 +40,7 @@ from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import htp_session
 from omnidraft_deploy.parity import StepFn
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_token
 
 log = logging.getLogger(__name__)
 
@@ -51,29 +54,50 @@ def export_qnn(
     validate: bool = True,
     prompts: list[list[int]] | None = None,
     float_residual_stream: bool = False,
+    sink: bool = True,
+    gptq: bool = True,
 ) -> dict[str, Any]:
     """Write the static-T (QDQ) graph to ``path``; returns calibration / HTP facts.
 
     ``prompts``: calibration token ids; None -> held-out real text through ``info.tokenizer``.
     ``float_residual_stream``: leave the residual stream and RMSNorms unquantised (``qnn_mixed``).
+    ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
+    RMSNorms are LpNormalization (``reference.sink``). ``gptq``: 8-bit weights by GPTQ, pinned through
+    the quantiser (``qnn_weights``).
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-    extras: dict[str, Any] = {"seq_len": info.seq_len}
+    extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
+    vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
+    calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
+    calib = [[t % vocab for t in p] for p in calib if p]
+    src, token, grids = model, None, None
+    if sink:
+        token = sink_token(info.tokenizer) % vocab
+        sinked_model = SinkModel(model, token, lp_norm=True)
+        if gptq:
+            with stage(extras["stages"], "gptq"):
+                grids = gptq_linears(sinked_model, calib)
+        sinked_model.set_export(True)
+        src = cast(Transformer, sinked_model)
+        extras["sink_token"] = token
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        fp32 = export_onnx(model, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
+        with stage(extras["stages"], "trace"):
+            fp32 = export_onnx(src, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
         graph = onnx.load(str(fp32))
         extras["reciprocal_to_div"] = reciprocal_to_div(graph)
         extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
         # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
         # graph), but the HTP then fails to finalize the real graph (MEM_ALLOC): opt-in, open
         keep_float = float_residual(graph) if float_residual_stream else []
+        # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
+        extras["gemm_weights"] = 0 if float_residual_stream else matmuls_to_gemm(graph)
         extras["float_nodes"] = len(keep_float)
         onnx.save(graph, str(fp32))
-        calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
-        feeds = step_feeds(fp32, info, calib)
+        with stage(extras["stages"], "calibrate"):
+            feeds = step_feeds(fp32, info, calib)
         extras["calibration_steps"] = len(feeds)
         config = get_qnn_qdq_config(
             str(fp32),
@@ -84,12 +108,17 @@ def export_qnn(
             nodes_to_exclude=keep_float,
         )
         qdq = Path(tmp) / "qdq.onnx"
-        quantize(str(fp32), str(qdq), config)
+        with stage(extras["stages"], "quantize"):
+            quantize(str(fp32), str(qdq), config)
         proto = onnx.load(str(qdq))
+        if grids:
+            extras["gptq_channels"] = pin_grids(proto, graph, grids)
         set_metadata(proto, info)
+        if token is not None:
+            proto.metadata_props.add(key=SINK_KEY, value=str(token))
         onnx.save(proto, str(path))
     if validate:  # compile for the HTP once; the EPContext dump shows what a phone would load
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, stage(extras["stages"], "htp_compile"):
             session = htp_session(path, context=Path(tmp) / "ctx.onnx")
             extras["htp_context_bytes"] = sum(f.stat().st_size for f in Path(tmp).iterdir())
             extras["htp_cpu_nodes"] = nodes_outside_htp(Path(tmp) / "ctx.onnx")

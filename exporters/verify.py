@@ -76,6 +76,19 @@ def artifact_step(path: Path, info: GraphInfo) -> StepFn:
     raise ValueError(f"{path}: no verifier for {path.suffix!r} artifacts")
 
 
+def reference_for(path: Path, eager: Transformer) -> Transformer:
+    """The eager function ``path`` computes: ``eager`` itself, or for a graph conditioned on a sink
+    token (QNN, ``reference.sink``; named in its metadata) ``eager`` with that sink."""
+    if path.suffix != ".onnx":
+        return eager
+    import onnx
+
+    from omnidraft_deploy.reference.sink import SINK_KEY, sinked
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return sinked(eager, int(meta[SINK_KEY])) if SINK_KEY in meta else eager
+
+
 def pte_constants(path: Path) -> dict[str, Any]:
     """Values of the ``.pte`` constant methods (get_max_seq_len, get_eos_ids, ...)."""
     from executorch.runtime import Runtime
@@ -124,7 +137,7 @@ def verify_artifact(
         prompts = prompt_ids(info.tokenizer, info.vocab_size)
     step = artifact_step(path, info)
     with torch_threads(EAGER_THREADS):
-        result = parity(step, eager_step(eager), prompts)
+        result = parity(step, eager_step(reference_for(path, eager)), prompts)
     result |= {"tolerance": recipe.tolerance, "min_top1": recipe.min_top1}
     if (
         result["max_abs_logit_diff"] > recipe.tolerance

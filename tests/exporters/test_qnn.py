@@ -74,8 +74,12 @@ def test_export_is_qdq_and_compiles_for_htp(qdq: tuple[Transformer, Path, GraphI
     assert extras["htp_cpu_nodes"] == []  # 100 % of the graph inside HTP context binaries
     assert extras["lm_head_chunks"] == 1  # 64 columns <= DEFAULT_MAX_COLS
     assert extras["float_nodes"] == 0  # float_residual_stream is opt-in
-    assert extras["reciprocal_to_div"] == 2 * 2 + 1  # every RMSNorm (2 per layer + final)
-    assert "Reciprocal" not in ops
+    # every RMSNorm (2 per layer + final) is one LpNormalization: no Reciprocal / x^2 chain left
+    assert ops.count("LpNormalization") == 2 * 2 + 1 and extras["reciprocal_to_div"] == 0
+    assert "Reciprocal" not in ops and "Pow" not in ops
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert int(meta["omnidraft.sink_token"]) == extras["sink_token"]  # toy tokenizer: id 0
+    assert extras["gptq_channels"] > 0  # GPTQ'd weights pinned through the quantiser
     dims = {
         i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
         for i in onnx.load(str(path)).graph.input
@@ -116,9 +120,11 @@ def test_htp_parity_with_eager_within_recipe_tolerance(
     from omnidraft_deploy.runtime.qnn_model import qnn_model
     from omnidraft_deploy.runtime.validate import graph_parity
 
-    model, path, info, _ = qdq
+    from omnidraft_deploy.reference.sink import sinked
+
+    model, path, info, extras = qdq
     htp = qnn_model(path, info)
-    parity = graph_parity(htp, model, _prompts(3, 7))
+    parity = graph_parity(htp, sinked(model, extras["sink_token"]), _prompts(3, 7))
     log.info("%s HTP vs eager: %s", info.quantization, parity)
     recipe = get_recipe("qnn", info.quantization)
     # uint8 activations on a random toy model: measured max |diff| 4.3 (logit range ~3.4), top-1

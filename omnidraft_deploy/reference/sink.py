@@ -1,0 +1,145 @@
+"""An attention-sink prefix for QNN graphs: the first token's massive activations stay out of them.
+
+Real LLMs put *massive activations* on the first token of a sequence, whatever it is
+(SmolLM2-135M: 22,000-25,500 in the residual stream at position 0 on every shipped prompt;
+1,100 at most anywhere else), because that token is where attention sinks. A uint16 scale per
+tensor over that range is what left the all-integer SmolLM2 graph with top-1 0.04. PrefixQuant
+(Chen et al. 2024) moves such tokens into a fixed prefix whose KV cache is computed once in
+float, so the quantised model never sees them. Here:
+
+- ``SinkModel`` is the model conditioned on one fixed sink token (the tokenizer's BOS, else its
+  first EOS) at position 0: its K/V, computed in fp32 at export, are constants of the graph,
+  concatenated in front of the host-held caches; the tokens the host feeds sit at positions
+  ``1..``. The host contract (``graph_contract``) does not change: the host still writes this
+  chunk's entries at ``input_pos`` and steps positions from 0; only the function is the sinked
+  model's (what its ``forward`` / ``forward_train`` compute, the eager reference of parity).
+- ``lp_norm=True`` writes each RMSNorm as ``LpNormalization(x) * sqrt(dim) * weight`` (the same
+  function up to RMSNorm's eps, which real hidden states dwarf): one HTP op instead of the
+  decomposed ``x^2 -> mean -> sqrt -> div``, whose uint16 ``x^2`` rounds ordinary tokens.
+
+Measured in eager fake-quantisation (uint16 per-tensor inputs of every matmul and norm, ranges
+from held-out text; 12 shipped prompts x 24 tokens, SmolLM2-135M, top-1 against fp32 over the
+rows after the first): without the sink 0.047, with it 0.988 with 16-bit weights and the L2
+norm; the HTP refuses 16-bit MatMul weights, and 8-bit per-channel weights keep 0.926 (GPTQ on
+that grid: 0.961). The graph's metadata names the sink token (``SINK_KEY``), so verification
+compares it with the sinked eager model.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from omnidraft_deploy.reference.model import ModelArgs, RMSNorm, Transformer
+
+log = logging.getLogger(__name__)
+SINK_KEY = "omnidraft.sink_token"  # ONNX metadata: the sink token id of a sinked graph
+
+
+def sink_token(tokenizer: str) -> int:
+    """The tokenizer's BOS id, else its first EOS id (a token real text begins documents with);
+    0 for a test tokenizer that is not a real one (logged)."""
+    from omnidraft_deploy.assets import AssetError
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    try:
+        tok = load_tokenizer(tokenizer)
+    except (KeyError, AssetError) as e:
+        log.warning("sink token: tokenizer %r unavailable (%s); using id 0", tokenizer, e)
+        return 0
+    if tok.bos_id is not None:
+        return tok.bos_id
+    if not tok.eos_ids:
+        raise ValueError(f"tokenizer {tokenizer!r} has neither BOS nor EOS: no sink token")
+    return tok.eos_ids[0]
+
+
+class LpRMSNorm(nn.Module):
+    """RMSNorm as ``x / ||x||_2 * sqrt(dim) * weight``; ``export`` emits ONNX LpNormalization."""
+
+    def __init__(self, norm: RMSNorm, *, export: bool) -> None:
+        super().__init__()
+        self.weight, self.export = norm.weight, export
+        self.root_dim = math.sqrt(norm.weight.shape[0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.export:
+            unit = torch.onnx.ops.symbolic(
+                "::LpNormalization", (x,), {"axis": -1, "p": 2}, dtype=x.dtype, shape=x.shape
+            )
+        else:
+            unit = nn.functional.normalize(x.float(), dim=-1).to(x.dtype)
+        return unit * (self.root_dim * self.weight)
+
+
+def _swap_norms(module: nn.Module, export: bool) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, RMSNorm):
+            setattr(module, name, LpRMSNorm(child, export=export))
+        else:
+            _swap_norms(child, export)
+
+
+class SinkModel(nn.Module):
+    """``model`` conditioned on ``token`` at position 0, with ``model``'s own call styles.
+
+    ``args`` are ``model``'s (``max_seq_len`` host slots); inside, a copy with one more slot
+    holds the sink at slot 0. ``forward_explicit`` is the QNN graph's function (the sink's K/V
+    are constants in front of the host caches); ``forward`` (stateful) and ``forward_train`` are
+    the same function for the eager reference. ``lp_norm``: RMSNorms as ``LpRMSNorm`` (``export``:
+    as the ONNX op)."""
+
+    def __init__(self, model: Transformer, token: int, *, lp_norm: bool = False,
+                 export: bool = False) -> None:  # fmt: skip
+        super().__init__()
+        a = model.args
+        self.args: ModelArgs = a
+        inner = Transformer(ModelArgs(**{**vars(a), "max_seq_len": a.max_seq_len + 1}))
+        inner.load_state_dict(model.state_dict())
+        self.inner = inner.eval().requires_grad_(False)
+        self.token = token
+        with torch.no_grad():
+            empty = [torch.zeros(1, a.n_kv_heads, a.max_seq_len + 1, a.head_dim)] * (2 * a.n_layers)
+            _, *kv = inner.forward_explicit(torch.tensor([[token]]), torch.tensor([0]), *empty)
+        for i, t in enumerate(kv):
+            self.register_buffer(f"sink_{i}", t.contiguous(), persistent=False)
+        if lp_norm:
+            _swap_norms(self.inner, export)
+        self.reset_cache()
+
+    def set_export(self, on: bool) -> None:
+        """LpRMSNorms as the ONNX op (``on``: for tracing) or computed (eager, calibration)."""
+        for m in self.modules():
+            if isinstance(m, LpRMSNorm):
+                m.export = on
+
+    def sink_kv(self) -> list[Tensor]:
+        return [getattr(self, f"sink_{i}") for i in range(2 * self.args.n_layers)]
+
+    def forward_explicit(self, token_ids: Tensor, input_pos: Tensor, *caches: Tensor
+                         ) -> tuple[Tensor, ...]:  # fmt: skip
+        full = [torch.cat([s, c], dim=2) for s, c in zip(self.sink_kv(), caches, strict=True)]
+        return self.inner.forward_explicit(token_ids, input_pos + 1, *full)
+
+    def forward(self, token_ids: Tensor, input_pos: Tensor) -> Tensor:
+        out: Tensor = self.inner(token_ids, input_pos + 1)
+        return out
+
+    def forward_train(self, token_ids: Tensor, *, last_only: bool = False) -> Tensor:
+        ids = torch.cat([torch.tensor([[self.token]]), token_ids], dim=1)
+        return self.inner.forward_train(ids, last_only=last_only)[:, 1:]
+
+    def reset_cache(self) -> None:
+        """Zero caches with the sink's K/V at slot 0 (the stateful ``forward`` attends to it)."""
+        self.inner.reset_cache()
+        for cache, s in zip(self.inner._caches(), self.sink_kv(), strict=True):
+            cache[:, :, :1] = s
+
+
+def sinked(model: Transformer, token: int, **kw: bool) -> Transformer:
+    """A ``SinkModel`` typed as the model it stands in for (same call styles and ``args``)."""
+    return cast(Transformer, SinkModel(model, token, **kw))

@@ -1,0 +1,49 @@
+"""The sinked model (``reference.sink``): one function in every call style, the sink's K/V at
+slot 0 of the stateful cache, and the LpNormalization form of RMSNorm."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.reference.model import build_model
+from omnidraft_deploy.reference.sink import SinkModel
+
+SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)
+IDS = torch.tensor([[3, 9, 27, 81, 5, 6, 40]])
+
+
+def _model():  # type: ignore[no-untyped-def]
+    return build_model(SPEC, seed=5, max_seq_len=32).requires_grad_(False)
+
+
+def test_every_call_style_is_the_model_after_the_sink_token() -> None:
+    from omnidraft_deploy.exporters.exportable import empty_caches
+
+    model = _model()
+    sink = SinkModel(model, 7)
+    ref = model.forward_train(torch.cat([torch.tensor([[7]]), IDS], 1))[:, 1:]
+    torch.testing.assert_close(sink.forward_train(IDS), ref)
+    caches = empty_caches(model)  # host caches: max_seq_len slots, the sink is not among them
+    first = sink.forward_explicit(IDS[:, :4], torch.arange(4), *caches)
+    for cache, entries in zip(caches, first[1:], strict=True):
+        cache[:, :, :4] = entries  # the host writes the chunk at its positions
+    second = sink.forward_explicit(IDS[:, 4:], torch.arange(4, 7), *caches)
+    torch.testing.assert_close(torch.cat([first[0], second[0]], 1), ref, atol=1e-5, rtol=0)
+    stateful = torch.cat(
+        [sink(IDS[:, :4], torch.arange(4)), sink(IDS[:, 4:], torch.arange(4, 7))], 1
+    )
+    torch.testing.assert_close(stateful, ref, atol=1e-5, rtol=0)
+    sink.reset_cache()  # the sink survives a reset
+    torch.testing.assert_close(sink(IDS, torch.arange(7)), ref, atol=1e-5, rtol=0)
+
+
+def test_lp_norm_form_is_rmsnorm_up_to_eps() -> None:
+    model = _model()
+    with torch.no_grad():  # hidden states of real size, where eps is negligible
+        model.model.embed_tokens.weight.mul_(50.0)
+    plain, lp = SinkModel(model, 7), SinkModel(model, 7, lp_norm=True)
+    a, b = plain.forward_train(IDS), lp.forward_train(IDS)
+    assert float((a - b).abs().max()) < 1e-3 * float(a.abs().max())

@@ -12,7 +12,8 @@ layer's qkv, o_proj, gate_up, down_proj), as llama.cpp's Q4_K_M keeps some tenso
    holds them, the lm_head at 8 bits, and every matmul input rounded to int8 per block of 32, as
    MatMulNBits' ``accuracy_level=4`` computes) and binary-search the longest prefix of that
    ranking at int4 whose teacher-forced top-1 against fp32 stays within ``MAX_TOP1_LOSS`` of the
-   all-int8 graph's, on calibration text held out from the verification prompts.
+   all-int8 graph's and whose max |logit diff| stays inside the recipe's tolerance (with a
+   margin), on calibration text held out from the verification prompts.
 
 Pure functions of the eager model; ``plan`` is what the exporter calls.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -33,6 +35,7 @@ from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 log = logging.getLogger(__name__)
 MAX_TOP1_LOSS = 0.015  # int4 may cost this much top-1 (calibration text) over the int8 graph
+DIFF_SHARE = 0.75  # ... and reach this share of the recipe's max |logit diff| (verification margin)
 _PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
           "gate_up": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}  # fmt: skip
 
@@ -144,24 +147,26 @@ class Simulator:
                 8: [(int8_blocks(w, block), None) for w in weights],
             }
 
-    def top1(self, int4: set[str], prompts: list[list[int]], ref: list[Tensor]) -> float:
-        """Teacher-forced top-1 agreement with ``ref`` (fp32 argmaxes) with ``int4`` at 4 bits."""
+    def score(self, int4: set[str], prompts: list[list[int]], ref: list[Tensor]
+              ) -> tuple[float, float]:  # fmt: skip
+        """Teacher-forced (top-1 agreement, max |logit diff|) against ``ref`` (fp32 logits per
+        prompt) with the matmuls in ``int4`` at 4 bits and the rest at 8."""
         for name, linears in fused_linears(self.work):
             for m, parts in zip(linears, self.options[name][4 if name in int4 else 8], strict=True):
                 m.set(*parts)  # type: ignore[operator]
-        return agreement(self.work, prompts, ref)
+        return compare(logits(self.work, prompts), ref)
 
 
 @torch.no_grad()
-def argmaxes(model: nn.Module, prompts: list[list[int]]) -> list[Tensor]:
-    return [model.forward_train(torch.tensor([p]))[0].argmax(-1) for p in prompts]  # type: ignore[operator]
+def logits(model: nn.Module, prompts: list[list[int]]) -> list[Tensor]:
+    return [model.forward_train(torch.tensor([p]))[0] for p in prompts]  # type: ignore[operator]
 
 
-def agreement(model: nn.Module, prompts: list[list[int]], ref: list[Tensor]) -> float:
-    got = argmaxes(model, prompts)
-    return float(sum(int((g == r).sum()) for g, r in zip(got, ref, strict=True))) / sum(
-        len(r) for r in ref
-    )
+def compare(got: list[Tensor], ref: list[Tensor]) -> tuple[float, float]:
+    """(top-1 agreement, max |diff|) of per-prompt logits ``got`` against ``ref``."""
+    pairs = list(zip(got, ref, strict=True))
+    agree = sum(int((g.argmax(-1) == r.argmax(-1)).sum()) for g, r in pairs)
+    return agree / sum(len(r) for r in ref), max(float((g - r).abs().max()) for g, r in pairs)
 
 
 def longest_prefix(ranked: list[str], accept: Callable[[set[str]], bool]) -> int:
@@ -176,19 +181,27 @@ def longest_prefix(ranked: list[str], accept: Callable[[set[str]], bool]) -> int
     return lo
 
 
-def plan(model: Transformer, prompts: list[list[int]], block: int = 32) -> dict[str, int]:
+def plan(
+    model: Transformer, prompts: list[list[int]], block: int = 32, max_diff: float = math.inf
+) -> dict[str, int]:
     """Bits (4 or 8) of every fused body matmul: the longest prefix of the ``relative_errors``
-    ranking at int4 whose simulated top-1 stays within ``MAX_TOP1_LOSS`` of all-int8."""
+    ranking at int4 whose simulated top-1 stays within ``MAX_TOP1_LOSS`` of all-int8 and whose
+    max |logit diff| stays within ``DIFF_SHARE`` of ``max_diff`` (the recipe's tolerance)."""
     if not prompts:
         raise ValueError("int4 plan: calibration needs at least one prompt")
     errors = relative_errors(model, prompts, block)
     ranked = sorted(errors, key=errors.__getitem__)
-    ref = argmaxes(model, prompts)
+    ref = logits(model, prompts)
     sim = Simulator(model, block)
-    floor = sim.top1(set(), prompts, ref) - MAX_TOP1_LOSS
-    n = longest_prefix(ranked, lambda int4: sim.top1(int4, prompts, ref) >= floor)
-    log.info("int4 plan: %d of %d matmuls at int4 (floor top-1 %.3f; largest relative error "
-             "kept at int4 %.2e)", n, len(ranked), floor,
+    floor = sim.score(set(), prompts, ref)[0] - MAX_TOP1_LOSS
+
+    def accept(int4: set[str]) -> bool:
+        top1, diff = sim.score(int4, prompts, ref)
+        return top1 >= floor and diff <= DIFF_SHARE * max_diff
+
+    n = longest_prefix(ranked, accept)
+    log.info("int4 plan: %d of %d matmuls at int4 (floor top-1 %.3f, max diff %.3g; largest "
+             "relative error kept at int4 %.2e)", n, len(ranked), floor, DIFF_SHARE * max_diff,
              errors[ranked[n - 1]] if n else float("nan"))  # fmt: skip
     chosen = set(ranked[:n])
     return {name: 4 if name in chosen else 8 for name in ranked}

@@ -171,7 +171,7 @@ def _export_fused(
             if name == "w8a8":
                 model = _smoothed_for_w8a8(model, info)
             elif name == "int4" and recipe is not None:
-                plan = _int4_plan(model, info, recipe.group_size)
+                plan = _int4_plan(model, info, recipe)
             with torch.no_grad():
                 proto = build_graph(
                     model, recipe, data=data, location=data_name, invariant=invariant, plan=plan
@@ -198,16 +198,17 @@ def _calibration_ids(model: Transformer, info: GraphInfo, limit: int) -> list[li
     return [[t % vocab for t in ids] for ids in calibration_prompts(info.tokenizer, limit) if ids]
 
 
-def _int4_plan(model: Transformer, info: GraphInfo, block: int) -> dict[str, int] | None:
+def _int4_plan(model: Transformer, info: GraphInfo, recipe: QuantRecipe) -> dict[str, int] | None:
     """Which body matmuls of an int4 graph stay at 8 bits (``exporters.int4_plan``); None (all
     int4) where the dims are not whole blocks (the simulation reshapes inputs into blocks)."""
     from omnidraft_deploy.exporters import int4_plan
 
+    block = recipe.group_size
     if model.args.dim % block or model.args.intermediate_size % block:
         log.warning("%s: dims not multiples of %d; every body matmul at int4", info.file, block)
         return None
     t0 = time.perf_counter()
-    plan = int4_plan.plan(model, _calibration_ids(model, info, 64), block)
+    plan = int4_plan.plan(model, _calibration_ids(model, info, 64), block, recipe.tolerance)
     log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", info.file,
              sum(b == 4 for b in plan.values()), len(plan), time.perf_counter() - t0)  # fmt: skip
     return plan

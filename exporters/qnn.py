@@ -1,17 +1,26 @@
 """Recipe: Transformer -> static-shape QDQ ONNX for ONNX Runtime's QNN execution provider (NPU).
 
-Stages: prepare + export (``exporters.onnx`` with static T = draft_len + 1) -> calibrate (real
-prompts through the fp32 graph, ``calibration``) -> quantize (``get_qnn_qdq_config`` + ``quantize``:
-uint8 per-channel weights; uint16 (``qdq-a16w8``, default) or uint8 (``qdq-u8``) activations in
-QDQ format, what the Hexagon HTP runs). Before quantisation the lm_head becomes constant
-vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
-table, quantised as a uint16 activation the HTP refused). Real LLMs' massive activations (24k in
-SmolLM2-135M) do not fit one 16-bit scale per tensor (top-1 0.04); ``float_residual_stream``
-leaves the residual stream and RMSNorms in float (``qnn_mixed``: 0.89 on the CPU run of the QDQ
-graph) but the HTP does not yet finalize that graph (MEM_ALLOC): opt-in, open ->
-serialize (metadata_props) -> validate on the QNN HTP backend with CPU fallback disabled, so any
-operator the NPU cannot take fails here and is reported by name; the EPContext dump must hold
-nothing but EPContext nodes (100 % HTP placement). On x86 ``onnxruntime-qnn`` simulates the HTP.
+Stages (each timed with its peak RSS in ``stages``): gptq -> trace -> calibrate -> quantize ->
+htp_compile.
+
+- The graph is the model conditioned on an attention-sink token (``reference.sink``): the
+  sink's K/V, computed in fp32, are graph constants in front of the host-held caches, so the
+  first token's massive activations (24k in SmolLM2-135M's residual stream, 40x anything else)
+  never reach the quantised graph; RMSNorm is one ``LpNormalization`` (no uint16 ``x^2``).
+- Weight matmuls are ``Gemm`` (``qnn_weights.matmuls_to_gemm``): ONNX Runtime's QNN quantiser
+  gives MatMul weights one scale per tensor, Gemm one per output channel. The lm_head is constant
+  vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
+  table, quantised as a uint16 activation the HTP refused).
+- gptq: 8-bit symmetric per-channel weights by GPTQ on held-out text (``qnn_weights``), codes
+  pinned through the quantiser; calibrate: real prompts through the fp32 graph (``calibration``);
+  quantize: ``get_qnn_qdq_config`` + ``quantize``, uint16 (``qdq-a16w8``, default) or uint8
+  (``qdq-u8``) activations in QDQ format, what the Hexagon HTP runs.
+- htp_compile: the QNN HTP backend with CPU fallback disabled, so any operator the NPU cannot
+  take fails here and is reported by name; the EPContext dump must hold nothing but EPContext
+  nodes (100 % HTP placement). On x86 ``onnxruntime-qnn`` simulates the HTP.
+
+``float_residual_stream`` (opt-in, ``qnn_mixed``) is the earlier answer to the massive
+activations (residual stream and RMSNorms in fp16; the simulated HTP does not finalize it).
 There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
 """
 
@@ -43,6 +52,7 @@ from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_token
 
 log = logging.getLogger(__name__)
+CALIB_CHUNK = 16  # calibration steps whose intermediate outputs ORT holds before merging ranges
 
 
 def export_qnn(
@@ -107,6 +117,9 @@ def export_qnn(
             per_channel=True,
             nodes_to_exclude=keep_float,
         )
+        # ranges merged every 16 steps: same result, bounded memory (all steps at once: 11.6 GB
+        # peak for SmolLM2-135M's 174 steps)
+        config.extra_options["CalibMaxIntermediateOutputs"] = CALIB_CHUNK
         qdq = Path(tmp) / "qdq.onnx"
         with stage(extras["stages"], "quantize"):
             quantize(str(fp32), str(qdq), config)

@@ -1,5 +1,5 @@
-"""``omnidraft profile BUNDLE``: open a bundle's ONNX graphs under explicit ORT threading and save
-their measured cost profile (``omnidraft_deploy.profile``) to the bundle's session folder."""
+"""``omnidraft profile BUNDLE``: open a bundle's ONNX graphs as decoding opens them and save their
+measured cost profile (``omnidraft_deploy.profile``) to the bundle's session folder."""
 
 from __future__ import annotations
 
@@ -9,19 +9,21 @@ from omnidraft_deploy.runtime.bundle import check_graph
 from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
 from omnidraft_deploy.manifest import verify_bundle
-from omnidraft_deploy.profile import Progress, measure, ort_session, save_profile
+from omnidraft_deploy.profile import Progress, measure, save_profile
 from omnidraft_deploy.protocols import CausalLM
 
 
 def bundle_graph(bundle: Path, role: str, *, threads: int | None = None) -> CausalLM:
-    """One verified graph of an onnx bundle under ``ort_session`` threading."""
+    """One verified graph of an onnx bundle, opened as ``omnidraft run`` opens it (``OrtModel``:
+    huge pages, ONNX Runtime's thread-pool defaults), so the profile is measured on the sessions
+    it will steer; ``threads``: intra-op threads (None: one per physical core)."""
     manifest = verify_bundle(bundle)
     check_graph(bundle, manifest, role)
     info = manifest.graphs[role]
     if not info.file.endswith(".onnx"):
         raise ValueError(f"{bundle / info.file}: profile runs ONNX graphs (onnx backend) only")
     path = bundle / info.file
-    return OrtModel(path, info, session=ort_session(path, threads=threads))
+    return OrtModel(path, info, threads=threads)
 
 
 def profile_bundle(bundle: Path, state: Path, *, k_max: int = 8, reps: int = 7,

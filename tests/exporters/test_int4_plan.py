@@ -53,6 +53,8 @@ def test_plan_names_every_fused_matmul_with_4_or_8_bits() -> None:
     plan = int4_plan.plan(model, PROMPTS)
     assert list(plan) and set(plan) == {n for n, _ in int4_plan.fused_linears(model)}
     assert set(plan.values()) <= {4, 8}
+    # a logit-difference budget no quantised graph meets keeps every matmul at 8 bits
+    assert set(int4_plan.plan(model, PROMPTS, max_diff=1e-9).values()) == {8}
 
 
 def test_relative_errors_rank_a_coarse_matmul_last() -> None:
@@ -79,7 +81,7 @@ def test_simulation_computes_what_the_onnx_graph_computes(tmp_path: Path) -> Non
     ids = np.array([PROMPTS[0]], np.int64)
     onnx_logits = torch.from_numpy(graph.run(ids, contiguous_positions(0, ids.shape[1])))  # (T, V)
     sim = int4_plan.Simulator(model, 32)
-    sim.top1({n for n, b in plan.items() if b == 4}, PROMPTS[:1], [torch.zeros(20)])
+    sim.score({n for n, b in plan.items() if b == 4}, PROMPTS[:1], [torch.zeros(20, 384)])
     with torch.no_grad():
         sim_logits = sim.work.forward_train(torch.from_numpy(ids))[0]
         eager = model.forward_train(torch.from_numpy(ids))[0]

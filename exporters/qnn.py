@@ -104,7 +104,7 @@ def export_qnn(
         # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
         extras["gemm_weights"] = 0 if float_residual_stream else matmuls_to_gemm(graph)
         extras["float_nodes"] = len(keep_float)
-        onnx.save(graph, str(fp32))
+        fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
         with stage(extras["stages"], "calibrate"):
             feeds = step_feeds(fp32, info, calib)
         extras["calibration_steps"] = len(feeds)
@@ -119,6 +119,7 @@ def export_qnn(
         # ORT's "CalibMaxIntermediateOutputs" (merge ranges every N steps, "same result, less
         # memory") is not the same result here: the tiny llama-68m twin fell from top-1 0.988 to
         # 0.43 with N = 16. Calibration keeps every step's outputs (SmolLM2-135M: 11.6 GB peak).
+        config.use_external_data_format = _initializer_bytes(graph) > _TWO_GB  # Qwen2.5-0.5B
         qdq = Path(tmp) / "qdq.onnx"
         with stage(extras["stages"], "quantize"):
             quantize(str(fp32), str(qdq), config)
@@ -128,6 +129,9 @@ def export_qnn(
         set_metadata(proto, info)
         if token is not None:
             proto.metadata_props.add(key=SINK_KEY, value=str(token))
+        if _initializer_bytes(proto) > _TWO_GB:
+            raise ValueError(f"{path.name}: the QDQ graph holds over 2 GiB of weights; the QNN "
+                             "backend writes one self-contained graph")  # fmt: skip
         onnx.save(proto, str(path))
     if validate:  # compile for the HTP once; the EPContext dump shows what a phone would load
         with tempfile.TemporaryDirectory() as tmp, stage(extras["stages"], "htp_compile"):
@@ -137,6 +141,24 @@ def export_qnn(
         extras["htp_providers"] = session.get_providers()
         extras["htp_validated"] = True
     return extras
+
+
+_TWO_GB = 2**31 - 2**27  # protobuf's 2 GiB limit, with headroom for the graph itself
+
+
+def _initializer_bytes(proto: Any) -> int:
+    return sum(len(t.raw_data) for t in proto.graph.initializer)
+
+
+def save_onnx(proto: Any, path: Path) -> Path:
+    """``proto`` to ``path``, its weights in ``<name>.data`` beside it past 2 GiB (the traced fp32
+    graph of Qwen2.5-0.5B with its lm_head chunks is ~3 GB)."""
+    import onnx
+
+    big = _initializer_bytes(proto) > _TWO_GB
+    onnx.save(proto, str(path), save_as_external_data=big,
+              location=f"{path.name}.data" if big else None)  # fmt: skip
+    return path
 
 
 def nodes_outside_htp(context: Path) -> list[str]:

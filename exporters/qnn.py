@@ -96,6 +96,7 @@ def export_qnn(
         with stage(extras["stages"], "trace"):
             fp32 = export_onnx(src, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
         graph = onnx.load(str(fp32))
+        _opset_at_least(graph, 21)  # 16-bit QDQ; ORT's own upgrade serialises the model (< 2 GiB)
         extras["reciprocal_to_div"] = reciprocal_to_div(graph)
         extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
         # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
@@ -144,6 +145,14 @@ def export_qnn(
 
 
 _TWO_GB = 2**31 - 2**27  # protobuf's 2 GiB limit, with headroom for the graph itself
+
+
+def _opset_at_least(proto: Any, version: int) -> None:
+    """Raise the default-domain opset to ``version`` in place (opsets 20 -> 21 only widen types
+    of the ops these graphs use: uint16 / int4 for Q/DQ, Cast, Reshape, Transpose, ...)."""
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version < version:
+            opset.version = version
 
 
 def _initializer_bytes(proto: Any) -> int:

@@ -105,7 +105,9 @@ def export_qnn(
         # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
         extras["gemm_weights"] = 0 if float_residual_stream else matmuls_to_gemm(graph)
         extras["float_nodes"] = len(keep_float)
+        big = _initializer_bytes(graph) > _TWO_GB  # Qwen2.5-0.5B: external data from here on
         fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
+        del graph  # (saving moved its weights out); reloaded for pin_grids
         with stage(extras["stages"], "calibrate"):
             feeds = step_feeds(fp32, info, calib)
         extras["calibration_steps"] = len(feeds)
@@ -120,13 +122,13 @@ def export_qnn(
         # ORT's "CalibMaxIntermediateOutputs" (merge ranges every N steps, "same result, less
         # memory") is not the same result here: the tiny llama-68m twin fell from top-1 0.988 to
         # 0.43 with N = 16. Calibration keeps every step's outputs (SmolLM2-135M: 11.6 GB peak).
-        config.use_external_data_format = _initializer_bytes(graph) > _TWO_GB  # Qwen2.5-0.5B
+        config.use_external_data_format = big
         qdq = Path(tmp) / "qdq.onnx"
         with stage(extras["stages"], "quantize"):
             quantize(str(fp32), str(qdq), config)
         proto = onnx.load(str(qdq))
         if grids:
-            extras["gptq_channels"] = pin_grids(proto, graph, grids)
+            extras["gptq_channels"] = pin_grids(proto, onnx.load(str(fp32)), grids)
         set_metadata(proto, info)
         if token is not None:
             proto.metadata_props.add(key=SINK_KEY, value=str(token))
@@ -161,7 +163,8 @@ def _initializer_bytes(proto: Any) -> int:
 
 def save_onnx(proto: Any, path: Path) -> Path:
     """``proto`` to ``path``, its weights in ``<name>.data`` beside it past 2 GiB (the traced fp32
-    graph of Qwen2.5-0.5B with its lm_head chunks is ~3 GB)."""
+    graph of Qwen2.5-0.5B with its lm_head chunks is ~3 GB; ``onnx.save`` then moves the weights
+    out of ``proto`` itself)."""
     import onnx
 
     big = _initializer_bytes(proto) > _TWO_GB

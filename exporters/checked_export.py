@@ -26,11 +26,17 @@ from omnidraft_deploy.vocab.bundle_tokenizer import tokenizer_files
 
 
 def record_target(cfg: ExportConfig, inputs: ExportInputs) -> bytes:
-    """``expected.json`` from the eager fp32 target (loaded, run, released before the export)."""
-    from omnidraft_deploy.reference.load import load_lm
+    """``expected.json`` from the eager fp32 target (loaded, run, released before the export);
+    for the qnn backend the target after its sink token, the function its graph computes."""
+    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.reference.sink import sink_for, sinked
+    from omnidraft_deploy.reference.torch_lm import EagerLM
 
-    target = load_lm(inputs.target.spec, seed=cfg.seed, max_seq_len=cfg.max_seq_len,
-                     weights=cfg.target_model)  # fmt: skip
+    spec = inputs.target.spec
+    model = load_model(spec, seed=cfg.seed, max_seq_len=cfg.max_seq_len, weights=cfg.target_model)
+    if cfg.backend == "qnn":
+        model = sinked(model, sink_for(model, spec.tokenizer))
+    target = EagerLM(model)
     tok = inputs.target.tokenizer
 
     def bar(items: Any) -> Any:

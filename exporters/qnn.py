@@ -49,7 +49,7 @@ from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import htp_session
 from omnidraft_deploy.parity import StepFn
 from omnidraft_deploy.reference.model import Transformer
-from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_token
+from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_for
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def export_qnn(
     calib = [[t % vocab for t in p] for p in calib if p]
     src, token, grids = model, None, None
     if sink:
-        token = sink_token(info.tokenizer) % vocab
+        token = sink_for(model, info.tokenizer)
         sinked_model = SinkModel(model, token, lp_norm=True)
         if gptq:
             with stage(extras["stages"], "gptq"):

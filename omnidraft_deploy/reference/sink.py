@@ -58,6 +58,12 @@ def sink_token(tokenizer: str) -> int:
     return tok.eos_ids[0]
 
 
+def sink_for(model: Transformer, tokenizer: str) -> int:
+    """The sink token a QNN graph of ``model`` is conditioned on (ids of test presets, whose
+    vocabulary is cut, read modulo its size)."""
+    return sink_token(tokenizer) % model.args.vocab_size
+
+
 class LpRMSNorm(nn.Module):
     """RMSNorm as ``x / ||x||_2 * sqrt(dim) * weight``; ``export`` emits ONNX LpNormalization."""
 

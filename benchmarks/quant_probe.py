@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 from omnidraft_deploy.exporters.calibration import calibration_prompts
-from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
+from omnidraft_deploy.exporters.int4_plan import int8_blocks
+from omnidraft_deploy.exporters.onnx_fused import int4_rtn
 from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
@@ -88,14 +89,6 @@ def int4_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
         what = f"block {block}" + (", down_proj at int8 (block 32)" if down8 else "")
         rows.append(f"| int4 all body linears, {what} | {top1(m, prompts, ref):.3f} |")
     return rows
-
-
-def int8_blocks(w: Tensor, block: int) -> Tensor:
-    """Symmetric int8 per block of ``block`` inputs (the ``int8`` recipe), dequantised."""
-    n, k = w.shape
-    q, scales, _ = quantize_blocks(w, 8, block)  # q - 128 on the grid of each block's scale
-    deq = (torch.from_numpy(q).float() - 128) * torch.from_numpy(scales).view(n, k // block, 1)
-    return deq.view(n, k)
 
 
 def rotate(model: nn.Module) -> None:

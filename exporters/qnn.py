@@ -71,8 +71,8 @@ def export_qnn(
     ``prompts``: calibration token ids; None -> held-out real text through ``info.tokenizer``.
     ``float_residual_stream``: leave the residual stream and RMSNorms unquantised (``qnn_mixed``).
     ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
-    RMSNorms are LpNormalization (``reference.sink``). ``gptq``: 8-bit weights by GPTQ, pinned through
-    the quantiser (``qnn_weights``).
+    RMSNorms are LpNormalization (``reference.sink``). ``gptq`` (with ``sink``: on the sinked copy, never
+    the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``qnn_weights``).
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize

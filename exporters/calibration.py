@@ -33,6 +33,12 @@ def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
     return [tok.encode(text)[:limit] for text in texts]
 
 
+def calibration_ids(tokenizer: str, vocab_size: int, limit: int = 64) -> list[list[int]]:
+    """``calibration_prompts`` as ids of a graph with ``vocab_size`` entries, empty ones dropped
+    (test presets cut the vocabulary: ids are read modulo its size)."""
+    return [[t % vocab_size for t in ids] for ids in calibration_prompts(tokenizer, limit) if ids]
+
+
 def forward_prompts(model: Any, prompts: list[list[int]], handles: list[Any]) -> None:
     """One eager forward of ``model`` per prompt (calibration statistics come from the forward
     hooks behind ``handles``), which are removed afterwards, errors included."""

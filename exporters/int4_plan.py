@@ -8,7 +8,7 @@ layer's qkv, o_proj, gate_up, down_proj), as llama.cpp's Q4_K_M keeps some tenso
 1. rank the matmuls by the share of their output that int4 rounding changes, weighting each
    input channel by its mean square on calibration text (``relative_errors``: the diagonal of
    GPTQ's ``X^T X``, one eager forward);
-2. simulate the graph in eager PyTorch (``simulated``: int4 / int8 block weights as the graph
+2. simulate the graph in eager PyTorch (``Simulator``: int4 / int8 block weights as the graph
    holds them, the lm_head at 8 bits, and every matmul input rounded to int8 per block of 32, as
    MatMulNBits' ``accuracy_level=4`` computes) and binary-search the longest prefix of that
    ranking at int4 whose teacher-forced top-1 against fp32 stays within ``MAX_TOP1_LOSS`` of the

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omnidraft_deploy.exporters.calibration import calibration_ids
 from omnidraft_deploy.exporters.exportable import (
     ExplicitCacheExportable,
     dynamic_shapes_explicit,
@@ -46,7 +47,8 @@ from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = "1"
-_TWO_GB = 2**31 - 1
+TWO_GB = 2**31 - 1
+WEIGHTS_LIMIT = TWO_GB - 2**27  # weights one protobuf may hold, with headroom for the graph
 
 
 def export_onnx(
@@ -85,7 +87,7 @@ def export_onnx(
         ep = torch.export.export(
             ExplicitCacheExportable(model), (ids, pos, *caches), dynamic_shapes=dyn
         )
-    big = sum(p.numel() * p.element_size() for p in model.parameters()) > _TWO_GB
+    big = sum(p.numel() * p.element_size() for p in model.parameters()) > TWO_GB
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         raw = Path(tmp) / "fp32.onnx"
         torch.onnx.export(
@@ -160,7 +162,7 @@ def _export_fused(
             f"{path.name}: batch-invariant attention spans whole blocks of {SPAN_BLOCK} slots; "
             f"max_seq_len {model.args.max_seq_len} is not a multiple of {SPAN_BLOCK}"
         )
-    big = weight_bytes(model, recipe) > _TWO_GB - 2**27  # headroom for the graph itself
+    big = weight_bytes(model, recipe) > WEIGHTS_LIMIT
     data_name = f"{path.name}.data"
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
@@ -189,15 +191,6 @@ def _export_fused(
     return path
 
 
-def _calibration_ids(model: Transformer, info: GraphInfo, limit: int) -> list[list[int]]:
-    """Real text in the graph's own tokenizer, held out from the verification prompts (test
-    presets cut the vocabulary: ids are read modulo its size)."""
-    from omnidraft_deploy.exporters.calibration import calibration_prompts
-
-    vocab, limit = model.args.vocab_size, min(limit, model.args.max_seq_len)
-    return [[t % vocab for t in ids] for ids in calibration_prompts(info.tokenizer, limit) if ids]
-
-
 def _int4_plan(model: Transformer, info: GraphInfo, recipe: QuantRecipe) -> dict[str, int] | None:
     """Which body matmuls of an int4 graph stay at 8 bits (``exporters.int4_plan``); None (all
     int4) where the dims are not whole blocks (the simulation reshapes inputs into blocks)."""
@@ -208,7 +201,10 @@ def _int4_plan(model: Transformer, info: GraphInfo, recipe: QuantRecipe) -> dict
         log.warning("%s: dims not multiples of %d; every body matmul at int4", info.file, block)
         return None
     t0 = time.perf_counter()
-    plan = int4_plan.plan(model, _calibration_ids(model, info, 64), block, recipe.tolerance)
+    prompts = calibration_ids(
+        info.tokenizer, model.args.vocab_size, min(64, model.args.max_seq_len)
+    )
+    plan = int4_plan.plan(model, prompts, block, recipe.tolerance)
     log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", info.file,
              sum(b == 4 for b in plan.values()), len(plan), time.perf_counter() - t0)  # fmt: skip
     return plan
@@ -219,7 +215,9 @@ def _smoothed_for_w8a8(model: Transformer, info: GraphInfo) -> Transformer:
     real text in the graph's own tokenizer, held out from the verification prompts."""
     from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
 
-    prompts = _calibration_ids(model, info, 128)
+    prompts = calibration_ids(
+        info.tokenizer, model.args.vocab_size, min(128, model.args.max_seq_len)
+    )
     t0 = time.perf_counter()
     out = smoothed(model, activation_absmax(model, prompts))
     log.info("%s: SmoothQuant calibrated on %d prompts (%d tokens) in %.1f s", info.file,
@@ -239,7 +237,7 @@ def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:
         proto.metadata_props.add(key=k, value=v)
 
 
-ORT_FORMAT_LIMIT = _TWO_GB  # the .ort flatbuffer holds its weights inline and cannot exceed 2 GB
+ORT_FORMAT_LIMIT = TWO_GB  # the .ort flatbuffer holds its weights inline and cannot exceed 2 GB
 
 
 def ort_format_blocker(onnx_path: Path) -> str | None:

@@ -61,15 +61,22 @@ def int4_codes(w: Tensor, step: Tensor, offset: Tensor) -> Tensor:
     return torch.round((w - offset[..., None]) / step[..., None]).clamp(0, 15)
 
 
-def int4_rtn(w: Tensor, block: int) -> Tensor:
-    """``w (N, K)`` rounded to its int4 grid per block of ``block`` inputs (what the graph holds)."""
+def _int4_blocks(w: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``w (N, K)`` in blocks of ``block`` inputs (a padded last block padded with the minimum):
+    codes ``(N, n_blocks, block)`` and the grid's step and offset ``(N, n_blocks)``."""
     n, k = w.shape
     n_blocks = -(-k // block)
     wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k), value=float(w.min()))
     wb = wb.view(n, n_blocks, block)
     step, offset = int4_grid(wb)
-    deq = int4_codes(wb, step, offset) * step[..., None] + offset[..., None]
-    return deq.view(n, n_blocks * block)[:, :k]
+    return int4_codes(wb, step, offset), step, offset
+
+
+def int4_rtn(w: Tensor, block: int) -> Tensor:
+    """``w (N, K)`` rounded to its int4 grid per block of ``block`` inputs (what the graph holds)."""
+    codes, step, offset = _int4_blocks(w, block)
+    deq = codes * step[..., None] + offset[..., None]
+    return deq.view(w.shape[0], -1)[:, : w.shape[1]]
 
 
 def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
@@ -88,10 +95,8 @@ def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
         scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
         q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
         return q.numpy(), scale.reshape(-1).numpy(), None
-    pad = (0, n_blocks * block - k)
-    wb = torch.nn.functional.pad(w.float(), pad, value=float(w.min())).view(n, n_blocks, block)
-    step, offset = int4_grid(wb)
-    q = int4_codes(wb, step, offset).to(torch.uint8)
+    codes, step, offset = _int4_blocks(w, block)
+    q = codes.to(torch.uint8)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
     return packed.numpy(), step.reshape(-1).numpy(), offset.numpy()
 
@@ -110,9 +115,8 @@ class GraphWriter:
 
         self.helper, self.model = helper, ModelProto()
         self.bits, self.block, self.act_rows = bits, block, act_rows
-        self.plan = (
-            plan or {}
-        )  # matmul name -> bits where not the graph's (``exporters.int4_plan``)
+        # matmul name -> bits where not the graph's (``exporters.int4_plan``)
+        self.plan = plan or {}
         self._shared: set[str] = set()
         self.data, self.location = data, location
         self.nodes: list[Any] = []

@@ -33,12 +33,12 @@ from typing import Any, cast
 
 from omnidraft_deploy.exporters.calibration import (
     StepReader,
-    calibration_prompts,
+    calibration_ids,
     reciprocal_to_div,
     step_feeds,
 )
 from omnidraft_deploy.exporters.memory import stage
-from omnidraft_deploy.exporters.onnx import export_onnx, set_metadata
+from omnidraft_deploy.exporters.onnx import WEIGHTS_LIMIT, export_onnx, set_metadata
 from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
 from omnidraft_deploy.exporters.qnn_mixed import float_residual
 from omnidraft_deploy.exporters.qnn_weights import gptq_linears, matmuls_to_gemm, pin_grids
@@ -80,8 +80,10 @@ def export_qnn(
 
     extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
     vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
-    calib = prompts if prompts is not None else calibration_prompts(info.tokenizer)
-    calib = [[t % vocab for t in p] for p in calib if p]
+    if prompts is None:
+        calib = calibration_ids(info.tokenizer, vocab)
+    else:
+        calib = [[t % vocab for t in p] for p in prompts if p]
     src, token, grids = model, None, None
     if sink:
         token = sink_for(model, info.tokenizer)
@@ -105,7 +107,7 @@ def export_qnn(
         # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
         extras["gemm_weights"] = 0 if float_residual_stream else matmuls_to_gemm(graph)
         extras["float_nodes"] = len(keep_float)
-        big = _initializer_bytes(graph) > _TWO_GB  # Qwen2.5-0.5B: external data from here on
+        big = _initializer_bytes(graph) > WEIGHTS_LIMIT  # Qwen2.5-0.5B: external data from here on
         fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
         del graph  # (saving moved its weights out); reloaded for pin_grids
         with stage(extras["stages"], "calibrate"):
@@ -132,7 +134,7 @@ def export_qnn(
         set_metadata(proto, info)
         if token is not None:
             proto.metadata_props.add(key=SINK_KEY, value=str(token))
-        if _initializer_bytes(proto) > _TWO_GB:
+        if _initializer_bytes(proto) > WEIGHTS_LIMIT:
             raise ValueError(f"{path.name}: the QDQ graph holds over 2 GiB of weights; the QNN "
                              "backend writes one self-contained graph")  # fmt: skip
         onnx.save(proto, str(path))
@@ -144,9 +146,6 @@ def export_qnn(
         extras["htp_providers"] = session.get_providers()
         extras["htp_validated"] = True
     return extras
-
-
-_TWO_GB = 2**31 - 2**27  # protobuf's 2 GiB limit, with headroom for the graph itself
 
 
 def _opset_at_least(proto: Any, version: int) -> None:
@@ -167,7 +166,7 @@ def save_onnx(proto: Any, path: Path) -> Path:
     out of ``proto`` itself)."""
     import onnx
 
-    big = _initializer_bytes(proto) > _TWO_GB
+    big = _initializer_bytes(proto) > WEIGHTS_LIMIT
     onnx.save(proto, str(path), save_as_external_data=big,
               location=f"{path.name}.data" if big else None)  # fmt: skip
     return path

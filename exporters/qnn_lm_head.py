@@ -71,11 +71,12 @@ def split_lm_head(proto: Any, max_cols: int = DEFAULT_MAX_COLS) -> int:
     kept = [n for n in proto.graph.node if n is not head and all(n is not d for d in dead)]
     del proto.graph.node[:]
     proto.graph.node.extend(kept + nodes)
-    _drop_unused_initializers(proto)
+    drop_unused_initializers(proto)
     return len(bounds)
 
 
-def _drop_unused_initializers(proto: Any) -> None:
+def drop_unused_initializers(proto: Any) -> None:
+    """Remove the initializers no node reads any more (after a rewrite of ``proto``)."""
     used = {i for n in proto.graph.node for i in n.input}
     keep = [t for t in proto.graph.initializer if t.name in used]
     del proto.graph.initializer[:]

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from omnidraft_deploy.exporters.gptq import gptq_per_channel, input_hessians
+from omnidraft_deploy.exporters.qnn_lm_head import drop_unused_initializers
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,7 @@ def matmuls_to_gemm(proto: Any) -> int:
     del proto.graph.node[:]
     proto.graph.node.extend(out)
     proto.graph.initializer.extend(added)
-    used = {i for nd in proto.graph.node for i in nd.input}
-    keep = [t for t in proto.graph.initializer if t.name in used]
-    del proto.graph.initializer[:]
-    proto.graph.initializer.extend(keep)
+    drop_unused_initializers(proto)
     return done
 
 

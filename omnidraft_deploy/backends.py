@@ -88,14 +88,12 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # int4 (float-offset grid, 8-bit where the plan measured int4 too costly: exporters.int4_plan):
         # SmolLM2-135M 3.07 / 0.950, Qwen2.5-0.5B 14.3 / 0.969 on the 12 shipped prompts (the 14.3 is
         # one row of one prompt, predicted by the plan's simulation; int8 gives 3.7 there)
-        QuantRecipe(
-            "int4", Backend.ONNX, 16.0, 0.6
-        ),  # floor 0.6: the traced int4 of the random twins
+        # (top-1 floor 0.6: the traced int4 graph of the random twins)
+        QuantRecipe("int4", Backend.ONNX, 16.0, 0.6),
         # sinked graph, LpNormalization, per-channel GPTQ'd Gemm weights (exporters.qnn): SmolLM2-135M
         # 11.6 / 0.953 (CPU run of the QDQ graph); a broken graph reads 52 / 0.04
-        QuantRecipe(
-            "qdq-a16w8", Backend.QNN, 16.0, 0.75
-        ),  # 0.75: random toy graphs on the HTP (0.795)
+        # (top-1 floor 0.75: random toy graphs on the HTP read 0.795)
+        QuantRecipe("qdq-a16w8", Backend.QNN, 16.0, 0.75),
         QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),
     )
 }

@@ -67,9 +67,9 @@ def sink_for(model: Transformer, tokenizer: str) -> int:
 class LpRMSNorm(nn.Module):
     """RMSNorm as ``x / ||x||_2 * sqrt(dim) * weight``; ``export`` emits ONNX LpNormalization."""
 
-    def __init__(self, norm: RMSNorm, *, export: bool) -> None:
+    def __init__(self, norm: RMSNorm) -> None:
         super().__init__()
-        self.weight, self.export = norm.weight, export
+        self.weight, self.export = norm.weight, False
         self.root_dim = math.sqrt(norm.weight.shape[0])
 
     def forward(self, x: Tensor) -> Tensor:
@@ -82,12 +82,12 @@ class LpRMSNorm(nn.Module):
         return unit * (self.root_dim * self.weight)
 
 
-def _swap_norms(module: nn.Module, export: bool) -> None:
+def _swap_norms(module: nn.Module) -> None:
     for name, child in list(module.named_children()):
         if isinstance(child, RMSNorm):
-            setattr(module, name, LpRMSNorm(child, export=export))
+            setattr(module, name, LpRMSNorm(child))
         else:
-            _swap_norms(child, export)
+            _swap_norms(child)
 
 
 class SinkModel(nn.Module):
@@ -96,11 +96,10 @@ class SinkModel(nn.Module):
     ``args`` are ``model``'s (``max_seq_len`` host slots); inside, a copy with one more slot
     holds the sink at slot 0. ``forward_explicit`` is the QNN graph's function (the sink's K/V
     are constants in front of the host caches); ``forward`` (stateful) and ``forward_train`` are
-    the same function for the eager reference. ``lp_norm``: RMSNorms as ``LpRMSNorm`` (``export``:
-    as the ONNX op)."""
+    the same function for the eager reference. ``lp_norm``: RMSNorms as ``LpRMSNorm`` (computed;
+    ``set_export`` makes them the ONNX op for tracing)."""
 
-    def __init__(self, model: Transformer, token: int, *, lp_norm: bool = False,
-                 export: bool = False) -> None:  # fmt: skip
+    def __init__(self, model: Transformer, token: int, *, lp_norm: bool = False) -> None:
         super().__init__()
         a = model.args
         self.args: ModelArgs = a
@@ -114,7 +113,7 @@ class SinkModel(nn.Module):
         for i, t in enumerate(kv):
             self.register_buffer(f"sink_{i}", t.contiguous(), persistent=False)
         if lp_norm:
-            _swap_norms(self.inner, export)
+            _swap_norms(self.inner)
         self.reset_cache()
 
     def set_export(self, on: bool) -> None:
@@ -146,6 +145,6 @@ class SinkModel(nn.Module):
             cache[:, :, :1] = s
 
 
-def sinked(model: Transformer, token: int, **kw: bool) -> Transformer:
+def sinked(model: Transformer, token: int) -> Transformer:
     """A ``SinkModel`` typed as the model it stands in for (same call styles and ``args``)."""
-    return cast(Transformer, SinkModel(model, token, **kw))
+    return cast(Transformer, SinkModel(model, token))

@@ -162,18 +162,18 @@ def _export_fused(
             f"{path.name}: batch-invariant attention spans whole blocks of {SPAN_BLOCK} slots; "
             f"max_seq_len {model.args.max_seq_len} is not a multiple of {SPAN_BLOCK}"
         )
-    big = weight_bytes(model, recipe) > WEIGHTS_LIMIT
-    data_name = f"{path.name}.data"
     t0 = time.perf_counter()
+    plan = None  # before sizing: the plan decides which matmuls hold 4 bits and which 8
+    if name == "w8a8":
+        model = _smoothed_for_w8a8(model, info)
+    elif name == "int4" and recipe is not None:
+        plan = _int4_plan(model, info, recipe)
+    big = weight_bytes(model, recipe, plan) > WEIGHTS_LIMIT
+    data_name = f"{path.name}.data"
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         out = Path(tmp) / path.name
         with contextlib.ExitStack() as stack:
             data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
-            plan = None
-            if name == "w8a8":
-                model = _smoothed_for_w8a8(model, info)
-            elif name == "int4" and recipe is not None:
-                plan = _int4_plan(model, info, recipe)
             with torch.no_grad():
                 proto = build_graph(
                     model, recipe, data=data, location=data_name, invariant=invariant, plan=plan

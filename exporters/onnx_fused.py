@@ -363,22 +363,31 @@ def build_graph(
     return g.model
 
 
-def weight_bytes(model: Transformer, recipe: QuantRecipe | None) -> int:
+def weight_bytes(
+    model: Transformer, recipe: QuantRecipe | None, plan: dict[str, int] | None = None
+) -> int:
     """Bytes the fused graph's initializers will take (decides external data before building):
     fp32 tables and norms, ``bits/8`` per quantised weight plus a 4-byte scale per block (int4:
-    and a 4-byte offset)."""
+    and a 4-byte offset), each body matmul at its ``plan`` width, the head at 8 bits in an int4
+    graph (``_lm_head``)."""
     a = model.args
     bits = RECIPE_BITS.get(recipe.name if recipe else "fp32", 0)
     block = recipe.group_size if recipe else 32
+    head_bits = 8 if bits == 4 else bits
+    width = {id(model.lm_head.weight): head_bits}
+    if plan:
+        from omnidraft_deploy.exporters.int4_plan import fused_linears
+
+        for fused, linears in fused_linears(model):
+            width |= {id(m.weight): plan.get(fused, bits) for m in linears}
     total = 0
     for name, p in model.named_parameters():
-        quantised = bits and p.dim() == 2 and "embed_tokens" not in name
-        per_block = 8 if bits == 4 else 4
-        total += (
-            p.numel() * bits // 8 + p.numel() // block * per_block if quantised else p.numel() * 4
-        )
-    if bits and a.tie_embeddings:  # the head is a quantised copy of the table (int4: 8 bits)
-        head_bits = 8 if bits == 4 else bits
+        b = width.get(id(p), bits) if "embed_tokens" not in name and p.dim() == 2 else 0
+        if b:  # codes, a scale per block, an offset per block at 4 bits
+            total += p.numel() * b // 8 + p.numel() // block * (8 if b == 4 else 4)
+        else:
+            total += p.numel() * 4
+    if bits and a.tie_embeddings:  # the head is a quantised copy of the table
         total += a.vocab_size * a.dim * head_bits // 8 + a.vocab_size * a.dim // block * 4
     return total
 

@@ -8,6 +8,7 @@ the fp32 graph before quantisation (the HTP's uint8 Reciprocal is inaccurate).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,27 @@ def calibration_ids(tokenizer: str, vocab_size: int, limit: int = 64) -> list[li
     """``calibration_prompts`` as ids of a graph with ``vocab_size`` entries, empty ones dropped
     (test presets cut the vocabulary: ids are read modulo its size)."""
     return [[t % vocab_size for t in ids] for ids in calibration_prompts(tokenizer, limit) if ids]
+
+
+def input_stats(
+    model: Any, prompts: list[list[int]], modules: dict[str, Any], fold: Callable[[Any, Any], Any]
+) -> dict[str, tuple[Any, int]]:
+    """Statistics of the inputs of ``modules`` (key -> module) over one eager forward per prompt:
+    key -> (``fold`` of every call's input as ``(rows, features)``, rows seen). ``fold(acc, x)``
+    gets ``acc`` None on the first call."""
+    acc: dict[str, Any] = {}
+    rows: dict[str, int] = {}
+
+    def hook(key: str) -> Callable[..., None]:
+        def record(_mod: Any, inputs: tuple[Any, ...], _out: Any) -> None:
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
+            acc[key] = fold(acc.get(key), x)
+            rows[key] = rows.get(key, 0) + x.shape[0]
+
+        return record
+
+    forward_prompts(model, prompts, [m.register_forward_hook(hook(k)) for k, m in modules.items()])
+    return {key: (acc[key], rows[key]) for key in acc}
 
 
 def forward_prompts(model: Any, prompts: list[list[int]], handles: list[Any]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from omnidraft_deploy.exporters.calibration import forward_prompts
+from omnidraft_deploy.exporters.calibration import input_stats
 from omnidraft_deploy.exporters.onnx_fused import int4_codes, int4_grid
 from torch import Tensor, nn
 
@@ -29,21 +29,15 @@ def input_hessians(
     keyed by module path, over one forward of each prompt (``model(ids, positions)``)."""
     if not prompts:
         raise ValueError("GPTQ calibration needs at least one prompt")
-    acc: dict[str, Tensor] = {}
-    count: dict[str, int] = {}
 
-    def hook(name: str):  # type: ignore[no-untyped-def]
-        def record(_m: nn.Module, inputs: tuple[Tensor, ...], _o: Tensor) -> None:
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
-            acc[name] = acc.get(name, 0) + x.T @ x  # type: ignore[assignment,operator]
-            count[name] = count.get(name, 0) + x.shape[0]
+    def fold(acc: Tensor | None, x: Tensor) -> Tensor:
+        x = x.double()
+        return x.T @ x if acc is None else acc + x.T @ x
 
-        return record
-
-    handles = [mod.register_forward_hook(hook(name)) for name, mod in model.named_modules()
-               if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in kinds]  # fmt: skip
-    forward_prompts(model, prompts, handles)
-    return {name: (acc[name] / count[name]).float() for name in acc}
+    linears = {name: mod for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and name.rsplit(".", 1)[-1] in kinds}  # fmt: skip
+    stats = input_stats(model, prompts, linears, fold)
+    return {name: (xtx / rows).float() for name, (xtx, rows) in stats.items()}
 
 
 ColumnQuantizer = Callable[[int, Tensor, Tensor], Tensor]  # (column index, column, W[:, i:]) -> q

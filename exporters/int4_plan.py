@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import torch
-from omnidraft_deploy.exporters.calibration import forward_prompts
+from omnidraft_deploy.exporters.calibration import input_stats
 from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
 from omnidraft_deploy.exporters.quantize import swap_modules
 from torch import Tensor, nn
@@ -68,19 +68,17 @@ def _weight(m: nn.Module) -> Tensor:
 def relative_errors(model: Transformer, prompts: list[list[int]], block: int) -> dict[str, float]:
     """Per fused matmul: ``sum_j ||dW_:,j||^2 E[x_j^2] / sum_j ||W_:,j||^2 E[x_j^2]``, ``dW`` the
     int4 rounding error, ``E[x_j^2]`` input channel ``j``'s mean square over ``prompts``."""
-    squares: dict[int, Tensor] = {}
-    counts: dict[int, int] = {}
 
-    def hook(mod: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
-        x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()
-        squares[id(mod)] = squares.get(id(mod), 0) + (x * x).sum(0)  # type: ignore[assignment,operator]
-        counts[id(mod)] = counts.get(id(mod), 0) + x.shape[0]
+    def fold(acc: Tensor | None, x: Tensor) -> Tensor:
+        x = x.double()
+        return (x * x).sum(0) if acc is None else acc + (x * x).sum(0)
 
-    firsts = [linears[0] for _, linears in fused_linears(model)]  # parts share their input
-    forward_prompts(model, prompts, [m.register_forward_hook(hook) for m in firsts])
+    firsts = {name: linears[0] for name, linears in fused_linears(model)}  # parts share an input
+    stats = input_stats(model, prompts, firsts, fold)
     out = {}
     for name, linears in fused_linears(model):
-        ms = (squares[id(linears[0])] / counts[id(linears[0])]).float()
+        squares, rows = stats[name]
+        ms = (squares / rows).float()
         w = torch.cat([_weight(m) for m in linears])
         err = ((int4_rtn(w, block) - w) ** 2).sum(0)
         out[name] = float((err * ms).sum() / ((w * w).sum(0) * ms).sum().clamp(min=1e-30))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from omnidraft_deploy.exporters.calibration import forward_prompts
+from omnidraft_deploy.exporters.calibration import input_stats
 from torch import Tensor, nn
 
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
@@ -46,24 +46,16 @@ def activation_absmax(model: Transformer, prompts: list[list[int]]) -> dict[str,
     keys ``<layer>.qkv``, ``<layer>.gate_up``, ``<layer>.down`` and ``head``."""
     if not prompts:
         raise ValueError("SmoothQuant calibration needs at least one prompt")
-    stats: dict[str, Tensor] = {}
 
-    def hook(name: str):  # type: ignore[no-untyped-def]
-        def record(_mod: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor) -> None:
-            x = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0).float()
-            stats[name] = torch.maximum(stats[name], x) if name in stats else x
+    def fold(acc: Tensor | None, x: Tensor) -> Tensor:
+        amax = x.abs().amax(0).float()
+        return amax if acc is None else torch.maximum(acc, amax)
 
-        return record
-
-    handles = [model.lm_head.register_forward_hook(hook("head"))]
+    modules: dict[str, nn.Module] = {"head": model.lm_head}
     for i, layer in enumerate(_layers(model)):
-        handles += [
-            layer.self_attn.q_proj.register_forward_hook(hook(f"{i}.qkv")),
-            layer.mlp.gate_proj.register_forward_hook(hook(f"{i}.gate_up")),
-            layer.mlp.down_proj.register_forward_hook(hook(f"{i}.down")),
-        ]
-    forward_prompts(model, prompts, handles)
-    return stats
+        modules |= {f"{i}.qkv": layer.self_attn.q_proj, f"{i}.gate_up": layer.mlp.gate_proj,
+                    f"{i}.down": layer.mlp.down_proj}  # fmt: skip
+    return {key: amax for key, (amax, _rows) in input_stats(model, prompts, modules, fold).items()}
 
 
 def smoothing_scales(x_absmax: Tensor, weights: list[Tensor], alpha: float = ALPHA) -> Tensor:

@@ -31,6 +31,7 @@ from omnidraft_deploy.exporters.quantize import get_recipe
 from tqdm import tqdm
 
 from omnidraft_deploy.manifest import (
+    HTP_CONTEXT,
     GraphInfo,
     Manifest,
     atomic_bundle_dir,
@@ -141,6 +142,8 @@ def file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
         roles[p.name] = "external_weights"
     for p in tmp.glob("*.ort"):
         roles[p.name] = "ort_mobile_graph"
+    for p in [*tmp.glob("*_ctx.onnx"), *tmp.glob("*_ctx_*.bin")]:
+        roles[p.name] = HTP_CONTEXT  # QNN: the precompiled EPContext model and its binary
     return roles
 
 
@@ -148,6 +151,8 @@ def export_bundle(
     cfg: ExportConfig,
     *,
     extra_files: dict[str, tuple[bytes, str]] | None = None,
+    derived_files: Callable[[Path, dict[str, GraphInfo]], dict[str, tuple[bytes, str]]]
+    | None = None,
     tokenizer_dirs: dict[str, Path] | None = None,
     mapping_hash: str = "",
     eos_ids: dict[str, tuple[int, ...]] | None = None,
@@ -157,6 +162,8 @@ def export_bundle(
     """Write the bundle folder ``cfg.out_dir`` and return it (see the module docstring).
 
     extra_files: relative path -> (bytes, manifest role), e.g. ``vocab_map.bin``, ``ngram_cache.bin``.
+    derived_files: the same, computed from the written graphs (staging folder, role -> GraphInfo),
+    e.g. ``expected.json`` from the function the target graph computes.
     tokenizer_dirs: role ("drafter"/"target") -> folder whose files go to ``<role>_tokenizer/``.
     mapping_hash: the vocabulary map's content hash (manifest; ``.pte`` ``get_bundle_hash``).
     eos_ids: role -> EOS ids (``.pte`` ``get_eos_ids``). verify: replaces the built-in check
@@ -185,7 +192,8 @@ def export_bundle(
                 if src.is_file():
                     write_bytes_atomic(tmp / f"{role}_tokenizer" / src.name, src.read_bytes())
                     roles[f"{role}_tokenizer/{src.name}"] = f"{role}_tokenizer"
-        for rel, (data, role_name) in (extra_files or {}).items():
+        derived = derived_files(tmp, graphs) if derived_files is not None else {}
+        for rel, (data, role_name) in ((extra_files or {}) | derived).items():
             write_bytes_atomic(tmp / rel, data)
             roles[rel] = role_name
         files = {rel: file_entry(tmp, rel, role) for rel, role in sorted(roles.items())}

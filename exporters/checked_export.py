@@ -22,21 +22,21 @@ from tqdm import tqdm
 
 from omnidraft_deploy import expected
 from omnidraft_deploy.inputs import ExportInputs
+from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.vocab.bundle_tokenizer import tokenizer_files
 
 
-def record_target(cfg: ExportConfig, inputs: ExportInputs) -> bytes:
-    """``expected.json`` from the eager fp32 target (loaded, run, released before the export);
-    for the qnn backend the target after its sink token, the function its graph computes."""
+def record_target(cfg: ExportConfig, inputs: ExportInputs, graph: Path) -> bytes:
+    """``expected.json`` from the eager fp32 target as the written target ``graph`` computes it
+    (``verify.reference_for``: after the sink token its metadata names, if any)."""
+    from omnidraft_deploy.exporters.verify import reference_for
+
     from omnidraft_deploy.reference.load import load_model
-    from omnidraft_deploy.reference.sink import sink_for, sinked
     from omnidraft_deploy.reference.torch_lm import EagerLM
 
     spec = inputs.target.spec
     model = load_model(spec, seed=cfg.seed, max_seq_len=cfg.max_seq_len, weights=cfg.target_model)
-    if cfg.backend == "qnn":
-        model = sinked(model, sink_for(model, spec.tokenizer))
-    target = EagerLM(model)
+    target = EagerLM(reference_for(graph, model))
     tok = inputs.target.tokenizer
 
     def bar(items: Any) -> Any:
@@ -57,10 +57,15 @@ def export_resolved(cfg: ExportConfig, inputs: ExportInputs) -> Path:
     for role, tok in (("drafter", d_tok), ("target", t_tok)):
         for name, data in tokenizer_files(tok).items():
             files[f"{role}_tokenizer/{name}"] = (data, f"{role}_tokenizer")
-    files[expected.EXPECTED_FILE] = (record_target(cfg, inputs), expected.EXPECTED_ROLE)
+
+    def recorded(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, tuple[bytes, str]]:
+        target = record_target(cfg, inputs, tmp / graphs["target"].file)
+        return {expected.EXPECTED_FILE: (target, expected.EXPECTED_ROLE)}
+
     return export_bundle(
         cfg,
         extra_files=files,
+        derived_files=recorded,
         mapping_hash=mapper.content_hash(),
         eos_ids={"drafter": d_tok.eos_ids, "target": t_tok.eos_ids},
     )

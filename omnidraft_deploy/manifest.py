@@ -153,6 +153,11 @@ class GraphInfo:
                 )
 
 
+HTP_CONTEXT = (
+    "htp_context"  # a QNN graph's EPContext model + context binary (onnx_host.context_path)
+)
+
+
 @dataclass(frozen=True)
 class FileEntry:
     sha256: str

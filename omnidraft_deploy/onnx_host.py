@@ -64,6 +64,12 @@ def _htp_options(ort: Any, *, fallback: bool, context: Path | None = None) -> An
     return opts
 
 
+def context_path(graph: Path) -> Path:
+    """Where the QNN exporter writes ``graph``'s precompiled EPContext model: ``<stem>_ctx.onnx``,
+    and beside it ``<stem>_ctx_qnn.bin``, the HTP context binary it names."""
+    return graph.with_name(f"{graph.stem}_ctx.onnx")
+
+
 def cpu_nodes(path: Path) -> list[str]:
     """``"OpType (node name)"`` of every node QNN HTP leaves to the CPU EP.
 

@@ -21,10 +21,18 @@ from pathlib import Path
 from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy.bundle_fs import open_plain, read_listed, read_plain
-from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, GraphInfo, Manifest, verify_bundle
+from omnidraft_deploy.manifest import (
+    HTP_CONTEXT,
+    MANIFEST_NAME,
+    BundleError,
+    GraphInfo,
+    Manifest,
+    verify_bundle,
+)
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
+from omnidraft_deploy.onnx_host import context_path
 from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -126,11 +134,24 @@ def load_model(
         raise KeyError(f"unknown role {role!r}; choose from {sorted(manifest.graphs)}")
     check_graph(root, manifest, role)
     info = manifest.graphs[role]
-    return load_graph_file(root / info.file, info, provider=provider or default_provider(manifest))
+    provider = provider or default_provider(manifest)
+    return load_graph_file(
+        root / info.file, info, provider=provider, context=htp_context(root, manifest, info)
+    )
 
 
-def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> RuntimeModel:
-    """A runtime model for one graph file (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or QNN)."""
+def htp_context(root: Path, manifest: Manifest, info: GraphInfo) -> Path | None:
+    """The graph's precompiled EPContext model when the manifest lists it (QNN bundles)."""
+    ctx = context_path(root / info.file)
+    entry = manifest.files.get(ctx.name)
+    return ctx if entry is not None and entry.role == HTP_CONTEXT else None
+
+
+def load_graph_file(
+    path: Path, info: GraphInfo, *, provider: str = "cpu", context: Path | None = None
+) -> RuntimeModel:
+    """A runtime model for one graph file (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or QNN;
+    ``context``: on QNN, the graph's EPContext model, loaded instead of compiling the graph)."""
     if path.suffix == ".pte":
         from omnidraft_deploy.runtime.executorch_model import PteModel
 
@@ -139,7 +160,7 @@ def load_graph_file(path: Path, info: GraphInfo, *, provider: str = "cpu") -> Ru
         from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, qnn_model
 
         try:
-            return qnn_model(path, info)
+            return qnn_model(path, info, context=context)
         except QnnUnsupportedError as e:
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
@@ -223,6 +244,8 @@ def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenB
     manifest, mapper, cache = check_bundle(root)
     provider = provider or default_provider(manifest)
     d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
-    drafter = load_graph_file(root / d_info.file, d_info, provider=provider)
-    target = load_graph_file(root / t_info.file, t_info, provider=provider)
+    drafter, target = (
+        load_graph_file(root / i.file, i, provider=provider, context=htp_context(root, manifest, i))
+        for i in (d_info, t_info)
+    )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

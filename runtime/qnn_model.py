@@ -7,6 +7,7 @@ where the exporter's HTP validation uses it too.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
@@ -15,8 +16,19 @@ from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
 
 __all__ = ["QnnUnsupportedError", "htp_session", "qnn_model"]
+log = logging.getLogger(__name__)
 
 
-def qnn_model(path: Path, info: GraphInfo) -> OrtModel:
-    """``OrtModel`` on the HTP; raises ``QnnUnsupportedError`` naming ops the NPU cannot take."""
+def qnn_model(path: Path, info: GraphInfo, *, context: Path | None = None) -> OrtModel:
+    """``OrtModel`` on the HTP; raises ``QnnUnsupportedError`` naming ops the NPU cannot take.
+
+    ``context``: the graph's precompiled EPContext model (``onnx_host.context_path``), loaded
+    instead of compiling ``path`` when this QNN build takes it (a context binary is tied to the
+    QNN SDK and HTP architecture that compiled it; otherwise the QDQ graph is compiled here).
+    """
+    if context is not None:
+        try:
+            return OrtModel(context, info, session=htp_session(context))
+        except QnnUnsupportedError as e:
+            log.warning("%s refused (%s); compiling %s instead", context.name, e, path.name)
     return OrtModel(path, info, session=htp_session(path))

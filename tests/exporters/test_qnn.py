@@ -80,6 +80,13 @@ def test_export_is_qdq_and_compiles_for_htp(qdq: tuple[Transformer, Path, GraphI
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert int(meta["omnidraft.sink_token"]) == extras["sink_token"]  # toy tokenizer: id 0
     assert extras["gptq_channels"] > 0  # GPTQ'd weights pinned through the quantiser
+    # Q K^T and P V of both layers in fp16 between Casts, weight matmuls (Gemm) untouched
+    graph = onnx.load(str(path)).graph
+    producer = {o: n.op_type for n in graph.node for o in n.output}
+    matmuls = [n for n in graph.node if n.op_type == "MatMul"]
+    assert extras["fp16_matmuls"] == len(matmuls) == 2 * 2
+    assert all(producer[i] == "Cast" for n in matmuls for i in n.input)
+    assert ops.count("Gemm") == 2 * 7 + 1  # q k v o gate up down per layer + the lm_head chunk
     dims = {
         i.name: [d.dim_value for d in i.type.tensor_type.shape.dim]
         for i in onnx.load(str(path)).graph.input

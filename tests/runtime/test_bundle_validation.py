@@ -143,3 +143,24 @@ def test_bad_bundles_are_refused_naming_the_file(bundle: Path, tmp_path: Path, h
         open_bundle(broken)
     named = {"newer_schema": "manifest.json", "vocab_mismatch": "vocab_map.bin"}.get(how, "target.")
     assert named in str(err.value), str(err.value)
+
+
+def test_qnn_bundle_ships_and_loads_the_htp_context(bundle: Path) -> None:
+    """A qnn bundle carries each graph's precompiled EPContext model (what a phone loads without
+    compiling); the runtime loads it and computes what compiling the QDQ graph computes."""
+    import torch
+    from omnidraft_deploy.runtime.bundle import load_model
+    from omnidraft_deploy.runtime.qnn_model import qnn_model
+
+    manifest = read_manifest(bundle)
+    if manifest.backend != "qnn":
+        pytest.skip("QNN bundles only")
+    roles = {name: entry.role for name, entry in manifest.files.items()}
+    for role in ("drafter", "target"):
+        assert roles[f"{role}_ctx.onnx"] == roles[f"{role}_ctx_qnn.bin"] == "htp_context"
+    loaded = load_model(bundle, "target")
+    assert loaded.path.name == "target_ctx.onnx"
+    info = manifest.graphs["target"]
+    compiled = qnn_model(bundle / info.file, info)
+    ids = torch.tensor(_prompts(bundle)[0][1][:8])
+    torch.testing.assert_close(loaded.forward(ids, 0), compiled.forward(ids, 0), rtol=0, atol=0)

@@ -143,10 +143,21 @@ def export_qnn_graph(
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
 ) -> tuple[GraphInfo, dict[str, Any]]:
-    """Static-T (draft_len + 1) QDQ ``<role>.onnx`` for the QNN HTP (see ``exporters.qnn``)."""
+    """Static-T (draft_len + 1) QDQ ``<role>.onnx`` for the QNN HTP (see ``exporters.qnn``); the
+    drafter also gets its T = 1 twin ``drafter_decode.onnx`` (drafting is one-token calls).
+
+    The target has none: speculative decoding calls it with draft_len + 1 tokens, and a twin
+    quantised on its own would not compute the same function, so the runtime's target-only
+    output (what speculative output is checked against) must come from the same graph.
+    """
+    import dataclasses
+
     from omnidraft_deploy.exporters.qnn import export_qnn
 
     seq_len = draft_len + 1
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=seq_len)
-    extras = export_qnn(model, out_dir / info.file, info=info, recipe=recipe)
+    decode = out_dir / f"{role}_decode.onnx" if role == "drafter" else None
+    extras = export_qnn(model, out_dir / info.file, info=info, recipe=recipe, decode_path=decode)
+    if decode is not None:
+        info = dataclasses.replace(info, decode_file=decode.name)
     return info, extras

@@ -129,6 +129,10 @@ def _export_role(
     if verify is not None:
         with stage(stages, "verify"):
             checked = verify(tmp / info.file, info, model)
+            if info.decode_file is not None:  # the T = 1 twin: its parity goes to the extras
+                facts["decode"]["parity"] = verify(
+                    tmp / info.decode_file, info.decode_info(), model
+                )
         speed = {k: checked.pop(k) for k in list(checked) if k.startswith("speed_")}
         info = dataclasses.replace(info, parity=checked)
     extras[role] = {"stages": stages, cfg.backend: facts, "bytes": (tmp / info.file).stat().st_size,
@@ -138,6 +142,7 @@ def _export_role(
 
 def file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
     roles = {g.file: f"{role}_graph" for role, g in graphs.items()}
+    roles |= {g.decode_file: f"{role}_graph" for role, g in graphs.items() if g.decode_file}
     for p in tmp.glob("*.onnx.data"):
         roles[p.name] = "external_weights"
     for p in tmp.glob("*.ort"):

@@ -30,6 +30,7 @@ There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 from pathlib import Path
@@ -70,6 +71,7 @@ def export_qnn(
     float_residual_stream: bool = False,
     sink: bool = True,
     gptq: bool = True,
+    decode_path: Path | None = None,
 ) -> dict[str, Any]:
     """Write the static-T (QDQ) graph to ``path``; returns calibration / HTP facts.
 
@@ -78,11 +80,10 @@ def export_qnn(
     ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
     RMSNorms are LpNormalization (``reference.sink``). ``gptq`` (with ``sink``: on the sinked copy, never
     the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``qnn_weights``).
+    ``decode_path``: also write the T = 1 twin there (same weights and sink, calibrated on the
+    same text one token at a time; its facts under ``decode``): one-token calls (drafting) then
+    cost one token, not a padded T-token call.
     """
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
     extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
     vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
     if prompts is None:
@@ -99,62 +100,97 @@ def export_qnn(
         sinked_model.set_export(True)
         src = cast(Transformer, sinked_model)
         extras["sink_token"] = token
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        with stage(extras["stages"], "trace"):
-            fp32 = export_onnx(src, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len)
-        graph = onnx.load(str(fp32))
-        _opset_at_least(graph, 21)  # 16-bit QDQ; ORT's own upgrade serialises the model (< 2 GiB)
-        extras["reciprocal_to_div"] = reciprocal_to_div(graph)
-        extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
-        # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
-        # graph), but the HTP then fails to finalize the real graph (MEM_ALLOC): opt-in, open
-        keep_float = float_residual(graph) if float_residual_stream else []
-        # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
-        extras["gemm_weights"] = 0 if float_residual_stream else matmuls_to_gemm(graph)
-        extras["float_nodes"] = len(keep_float)
-        big = _initializer_bytes(graph) > WEIGHTS_LIMIT  # Qwen2.5-0.5B: external data from here on
-        fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
-        del graph  # (saving moved its weights out); reloaded for pin_grids
-        with stage(extras["stages"], "calibrate"):
-            feeds = step_feeds(fp32, info, calib)
-        extras["calibration_steps"] = len(feeds)
-        config = get_qnn_qdq_config(
-            str(fp32),
-            StepReader(feeds),
-            activation_type=QuantType.QUInt16 if recipe.name == "qdq-a16w8" else QuantType.QUInt8,
-            weight_type=QuantType.QUInt8,
-            per_channel=True,
-            nodes_to_exclude=keep_float,
-        )
-        # ORT's "CalibMaxIntermediateOutputs" (merge ranges every N steps, "same result, less
-        # memory") is not the same result here: the tiny llama-68m twin fell from top-1 0.988 to
-        # 0.43 with N = 16. Calibration keeps every step's outputs (SmolLM2-135M: 11.6 GB peak).
-        config.use_external_data_format = big
-        qdq = Path(tmp) / "qdq.onnx"
-        with stage(extras["stages"], "quantize"):
-            quantize(str(fp32), str(qdq), config)
-        proto = onnx.load(str(qdq))
-        if grids:
-            extras["gptq_channels"] = pin_grids(proto, onnx.load(str(fp32)), grids)
-        extras["fp16_matmuls"] = fp16_activation_matmuls(proto)  # Q K^T, P V: not 16 x 16-bit
-        set_metadata(proto, info)
-        if token is not None:
-            proto.metadata_props.add(key=SINK_KEY, value=str(token))
-        if _initializer_bytes(proto) > WEIGHTS_LIMIT:
-            raise ValueError(f"{path.name}: the QDQ graph holds over 2 GiB of weights; the QNN "
-                             "backend writes one self-contained graph")  # fmt: skip
-        onnx.save(proto, str(path))
-    if validate:  # compile for the HTP once; the EPContext model is what a phone loads
-        with stage(extras["stages"], "htp_compile"):
-            ctx = context_path(path)
-            session = htp_session(path, context=ctx)
-            files = [ctx, *ctx.parent.glob(f"{ctx.stem}_*.bin")]  # the QNN context binary
-            extras["htp_context_files"] = sorted(f.name for f in files)
-            extras["htp_context_bytes"] = sum(f.stat().st_size for f in files)
-            extras["htp_cpu_nodes"] = nodes_outside_htp(ctx)
-        extras["htp_providers"] = session.get_providers()
-        extras["htp_validated"] = True
+    graph = _QdqGraph(src, recipe, calib, grids, token, float_residual_stream, validate)
+    extras |= graph.write(path, info, extras["stages"])
+    if decode_path is not None:
+        one = dataclasses.replace(info, file=decode_path.name, seq_len=1)
+        extras["decode"] = {"seq_len": 1, "stages": {}}
+        extras["decode"] |= graph.write(decode_path, one, extras["decode"]["stages"])
     return extras
+
+
+@dataclasses.dataclass(frozen=True)
+class _QdqGraph:
+    """What both graphs of one model share: the (sinked) model, recipe, text, GPTQ grids."""
+
+    src: Transformer
+    recipe: QuantRecipe
+    calib: list[list[int]]
+    grids: Any
+    token: int | None
+    float_residual_stream: bool
+    validate: bool
+
+    def write(self, path: Path, info: GraphInfo, stages: dict[str, Any]) -> dict[str, Any]:
+        """trace -> calibrate -> quantize (-> htp_compile) of the graph at ``info.seq_len``."""
+        import onnx
+        from onnxruntime.quantization import QuantType, quantize
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        extras: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            with stage(stages, "trace"):
+                fp32 = export_onnx(
+                    self.src, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len
+                )
+            graph = onnx.load(str(fp32))
+            _opset_at_least(
+                graph, 21
+            )  # 16-bit QDQ; ORT's own upgrade serialises the model (< 2 GiB)
+            extras["reciprocal_to_div"] = reciprocal_to_div(graph)
+            extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
+            # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
+            # graph), but the HTP then fails to finalize the real graph (MEM_ALLOC): opt-in, open
+            keep_float = float_residual(graph) if self.float_residual_stream else []
+            # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
+            extras["gemm_weights"] = 0 if self.float_residual_stream else matmuls_to_gemm(graph)
+            extras["float_nodes"] = len(keep_float)
+            big = (
+                _initializer_bytes(graph) > WEIGHTS_LIMIT
+            )  # Qwen2.5-0.5B: external data from here on
+            fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
+            del graph  # (saving moved its weights out); reloaded for pin_grids
+            with stage(stages, "calibrate"):
+                feeds = step_feeds(fp32, info, self.calib)
+            extras["calibration_steps"] = len(feeds)
+            a16 = self.recipe.name == "qdq-a16w8"
+            config = get_qnn_qdq_config(
+                str(fp32),
+                StepReader(feeds),
+                activation_type=QuantType.QUInt16 if a16 else QuantType.QUInt8,
+                weight_type=QuantType.QUInt8,
+                per_channel=True,
+                nodes_to_exclude=keep_float,
+            )
+            # ORT's "CalibMaxIntermediateOutputs" (merge ranges every N steps, "same result, less
+            # memory") is not the same result here: the tiny llama-68m twin fell from top-1 0.988 to
+            # 0.43 with N = 16. Calibration keeps every step's outputs (SmolLM2-135M: 11.6 GB peak).
+            config.use_external_data_format = big
+            qdq = Path(tmp) / "qdq.onnx"
+            with stage(stages, "quantize"):
+                quantize(str(fp32), str(qdq), config)
+            proto = onnx.load(str(qdq))
+            if self.grids:
+                extras["gptq_channels"] = pin_grids(proto, onnx.load(str(fp32)), self.grids)
+            extras["fp16_matmuls"] = fp16_activation_matmuls(proto)  # Q K^T, P V: not 16 x 16-bit
+            set_metadata(proto, info)
+            if self.token is not None:
+                proto.metadata_props.add(key=SINK_KEY, value=str(self.token))
+            if _initializer_bytes(proto) > WEIGHTS_LIMIT:
+                raise ValueError(f"{path.name}: the QDQ graph holds over 2 GiB of weights; the QNN "
+                                 "backend writes one self-contained graph")  # fmt: skip
+            onnx.save(proto, str(path))
+        if self.validate:  # compile for the HTP once; the EPContext model is what a phone loads
+            with stage(stages, "htp_compile"):
+                ctx = context_path(path)
+                session = htp_session(path, context=ctx)
+                files = [ctx, *ctx.parent.glob(f"{ctx.stem}_*.bin")]  # the QNN context binary
+                extras["htp_context_files"] = sorted(f.name for f in files)
+                extras["htp_context_bytes"] = sum(f.stat().st_size for f in files)
+                extras["htp_cpu_nodes"] = nodes_outside_htp(ctx)
+            extras["htp_providers"] = session.get_providers()
+            extras["htp_validated"] = True
+        return extras
 
 
 def _opset_at_least(proto: Any, version: int) -> None:

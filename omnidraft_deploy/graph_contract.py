@@ -108,11 +108,18 @@ class ExplicitCacheGraph:
     (writing into them changes what the next call sees; they cannot be replaced, only ``reset``).
     """
 
-    def __init__(self, session: Any, info: GraphInfo) -> None:
+    def __init__(self, session: Any, info: GraphInfo, *, decode: Any | None = None) -> None:
+        """``decode``: a T = 1 session of the same function beside a static-T ``session`` (NPU
+        graphs): one-token calls run there instead of a padded T-token call; same caches."""
         import onnxruntime as ort
 
-        self.session, self.info = session, info
+        self.session, self.info, self.decode = session, info, decode
         self.cache_io = cache_io_of([o.name for o in session.get_outputs()])
+        if (
+            decode is not None
+            and cache_io_of([o.name for o in decode.get_outputs()]) != self.cache_io
+        ):
+            raise ValueError("the decode graph follows another cache contract than the graph")
         vocab = session.get_outputs()[0].shape[-1]  # logits (1, T, V)
         self._vocab = vocab if isinstance(vocab, int) else info.vocab_size
         self._ort = ort
@@ -124,24 +131,30 @@ class ExplicitCacheGraph:
         shape = (1, info.n_kv_heads, info.max_seq_len, info.head_dim)
         self._caches = tuple(np.zeros(shape, np.float32) for _ in range(2 * info.n_layers))
         self._values = [self._ort.OrtValue.ortvalue_from_numpy(c) for c in self._caches]
-        self._binding = self.session.io_binding()
+        self._binding = self._bind(self.session)
+        self._decode_binding = None if self.decode is None else self._bind(self.decode)
+
+    def _bind(self, session: Any) -> Any:
+        """An IOBinding of ``session`` on this graph's cache buffers."""
+        binding = session.io_binding()
         for i, value in enumerate(self._values):
-            self._binding.bind_ortvalue_input(cache_in(i), value)
-        self._binding.bind_output(LOGITS, "cpu")  # outputs come back in binding order
+            binding.bind_ortvalue_input(cache_in(i), value)
+        binding.bind_output(LOGITS, "cpu")  # outputs come back in binding order
         for i, value in enumerate(self._values):
             if self.cache_io is CacheIO.SHARED:
-                self._binding.bind_ortvalue_output(cache_present(i), value)  # written in place
+                binding.bind_ortvalue_output(cache_present(i), value)  # written in place
             else:
-                self._binding.bind_output(cache_chunk_out(i), "cpu")
+                binding.bind_output(cache_chunk_out(i), "cpu")
+        return binding
 
-    def _rebind_t_shaped(self) -> None:
+    def _rebind_t_shaped(self, binding: Any) -> None:
         """Outputs whose shape follows T are bound to ``cpu`` afresh each call (ORT keeps the
         buffer it allocated for a bound output, whose T would be stale); rebinding a name keeps
         its place in the output order."""
-        self._binding.bind_output(LOGITS, "cpu")
+        binding.bind_output(LOGITS, "cpu")
         if self.cache_io is CacheIO.CHUNK:
             for i in range(len(self._values)):
-                self._binding.bind_output(cache_chunk_out(i), "cpu")
+                binding.bind_output(cache_chunk_out(i), "cpu")
 
     @property
     def caches(self) -> tuple[np.ndarray, ...]:
@@ -153,32 +166,33 @@ class ExplicitCacheGraph:
         return {TOKEN_IDS: token_ids, INPUT_POS: input_pos, **caches}
 
     def _call(self, ids: np.ndarray, pos: np.ndarray, n_real: int) -> np.ndarray:
-        b = self._binding
+        session, b = self.session, self._binding
+        if self._decode_binding is not None and ids.shape[1] == 1:
+            session, b = self.decode, self._decode_binding
         b.bind_cpu_input(TOKEN_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(INPUT_POS, np.ascontiguousarray(pos, dtype=np.int64))
         if self.cache_io is CacheIO.SHARED:
-            return self._call_shared(ids.shape[1])
-        self._rebind_t_shaped()
-        self.session.run_with_iobinding(b)
+            return self._call_shared(session, b, ids.shape[1])
+        self._rebind_t_shaped(b)
+        session.run_with_iobinding(b)
         logits, *new = b.get_outputs()
         for cache, entries in zip(self.caches, new, strict=True):
             cache[:, :, pos[:n_real], :] = entries.numpy()[:, :, :n_real, :]  # host write
         return np.asarray(logits.numpy()[0])
 
-    def _call_shared(self, t: int) -> np.ndarray:
+    def _call_shared(self, session: Any, binding: Any, t: int) -> np.ndarray:
         """SHARED graphs: the caches are bound once, so ORT writes the logits straight into a
         fresh array (the caller keeps it): no output list to fetch (2L+1 OrtValue wrappers, the
         largest host cost of a 1-token call) and no arena buffer to hand over."""
         logits = np.empty((1, t, self._vocab), np.float32)  # (1, T, V)
-        self._binding.bind_output(
-            LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data
-        )
-        self.session.run_with_iobinding(self._binding)
+        binding.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        session.run_with_iobinding(binding)
         return logits[0]
 
     def run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-        """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated."""
-        if self.info.seq_len is None:
+        """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated. A
+        static-T graph takes chunks of T (``static_chunks``); one token goes to ``decode``."""
+        if self.info.seq_len is None or (self.decode is not None and token_ids.shape[1] == 1):
             return self._call(token_ids, input_pos, token_ids.shape[1])
         chunks = static_chunks(token_ids, input_pos, self.info.seq_len, self.info.max_seq_len)
         return np.concatenate([self._call(i, p, n)[:n] for i, p, n in chunks], axis=0)

@@ -31,7 +31,8 @@ Schema (version 1)::
                  "seq_len": null (dynamic) | <int> (static), "n_layers": 2, "n_kv_heads": 4,
                  "head_dim": 16, "quantization": "fp32|8da4w|int8w|qdq-u8|int8|int4",
                  "parity": {"max_abs_logit_diff": <float>, "tolerance": <float>,
-                            "top1_agreement": <float>, "prompts": <int>}}
+                            "top1_agreement": <float>, "prompts": <int>},
+                 "decode_file": null | "<role>_decode.onnx" (qnn: the same graph at T = 1)}
 
 Validation (``validate()`` of each section, run on construction and so before anything is
 allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
@@ -123,13 +124,23 @@ class GraphInfo:
     head_dim: int
     quantization: str
     parity: dict[str, float] = field(default_factory=dict)
+    # static-T graphs: ``<role>_decode.onnx``, the same function at T = 1 (one-token calls)
+    decode_file: str | None = None
 
     def __post_init__(self) -> None:
         self.validate("graph")
 
+    def decode_info(self) -> GraphInfo:
+        """The decode graph's own description: this one at ``decode_file`` with T = 1."""
+        if self.decode_file is None:
+            raise ValueError(f"{self.file} has no decode graph")
+        return dataclasses.replace(self, file=self.decode_file, seq_len=1, decode_file=None)
+
     def validate(self, where: str) -> None:
         """Types and ranges of this section alone; ``Manifest.validate`` does the cross-checks."""
         check_relpath(f"{where}.file", self.file)
+        if self.decode_file is not None:
+            check_relpath(f"{where}.decode_file", self.decode_file)
         for name in ("preset", "family", "tokenizer"):
             _str(f"{where}.{name}", getattr(self, name))
         _int(f"{where}.vocab_size", self.vocab_size, 1, 1 << 24)
@@ -244,6 +255,14 @@ class Manifest:
             raise ValueError(
                 f"field {where}.seq_len: {g.seq_len}, {self.backend} graphs are dynamic"
             )
+        if g.decode_file is not None:
+            entry = self.files.get(g.decode_file)
+            if not static or g.decode_file != f"{role}_decode.onnx":
+                raise ValueError(f"field {where}.decode_file: {g.decode_file!r}, a "
+                                 f"{self.backend} bundle has none or {role}_decode.onnx (qnn)")  # fmt: skip
+            if entry is None or entry.role != f"{role}_graph":
+                raise ValueError(f"field {where}.decode_file: {g.decode_file!r} is not listed "
+                                 f"as {role}_graph in files")  # fmt: skip
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -288,7 +307,7 @@ def _obj(where: str, value: object) -> dict[str, Any]:
 def _section(cls: Any, where: str, value: object) -> Any:
     names = [f.name for f in dataclasses.fields(cls)]
     got = _obj(where, value)
-    if set(got) - set(names) or set(names) - set(got) - {"parity"}:
+    if set(got) - set(names) or set(names) - set(got) - {"parity", "decode_file"}:
         raise ValueError(f"field {where}: keys {sorted(got)} != {sorted(names)}")
     try:
         return cls(**got)

@@ -112,6 +112,8 @@ def check_graph(root: Path, manifest: Manifest, role: str) -> None:
     path = root / info.file
     if path.suffix == ".onnx":
         check_onnx_metadata(path, info, dict(manifest.files))
+        if info.decode_file is not None:
+            check_onnx_metadata(root / info.decode_file, info.decode_info(), dict(manifest.files))
     else:  # .pte (the manifest allows nothing else): constant methods, no execution of forward
         from omnidraft_deploy.runtime.executorch_model import check_metadata, load_program
 
@@ -133,39 +135,42 @@ def load_model(
     if role not in manifest.graphs:
         raise KeyError(f"unknown role {role!r}; choose from {sorted(manifest.graphs)}")
     check_graph(root, manifest, role)
-    info = manifest.graphs[role]
-    provider = provider or default_provider(manifest)
-    return load_graph_file(
-        root / info.file, info, provider=provider, context=htp_context(root, manifest, info)
-    )
+    return load_graph_file(root, manifest, role, provider=provider or default_provider(manifest))
 
 
-def htp_context(root: Path, manifest: Manifest, info: GraphInfo) -> Path | None:
-    """The graph's precompiled EPContext model when the manifest lists it (QNN bundles)."""
-    ctx = context_path(root / info.file)
+def htp_context(root: Path, manifest: Manifest, file: str) -> Path | None:
+    """Graph ``file``'s precompiled EPContext model when the manifest lists it (QNN bundles)."""
+    ctx = context_path(root / file)
     entry = manifest.files.get(ctx.name)
     return ctx if entry is not None and entry.role == HTP_CONTEXT else None
 
 
 def load_graph_file(
-    path: Path, info: GraphInfo, *, provider: str = "cpu", context: Path | None = None
+    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu"
 ) -> RuntimeModel:
-    """A runtime model for one graph file (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or QNN;
-    ``context``: on QNN, the graph's EPContext model, loaded instead of compiling the graph)."""
+    """A runtime model for ``role``'s graph (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or
+    QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models)."""
+    info = manifest.graphs[role]
+    path = root / info.file
     if path.suffix == ".pte":
         from omnidraft_deploy.runtime.executorch_model import PteModel
 
         return PteModel(path, info)
+    decode = None if info.decode_file is None else root / info.decode_file
     if provider == "qnn":
         from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, qnn_model
 
+        contexts = {
+            "context": htp_context(root, manifest, info.file),
+            "decode_context": None if decode is None else htp_context(root, manifest, decode.name),
+        }
         try:
-            return qnn_model(path, info, context=context)
+            return qnn_model(path, info, decode=decode, **contexts)
         except QnnUnsupportedError as e:
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    return OrtModel(path, info)
+    return OrtModel(path, info, decode=decode)
 
 
 def default_provider(manifest: Manifest) -> str:
@@ -243,9 +248,7 @@ def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenB
     root = Path(bundle_dir)
     manifest, mapper, cache = check_bundle(root)
     provider = provider or default_provider(manifest)
-    d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
     drafter, target = (
-        load_graph_file(root / i.file, i, provider=provider, context=htp_context(root, manifest, i))
-        for i in (d_info, t_info)
+        load_graph_file(root, manifest, r, provider=provider) for r in ("drafter", "target")
     )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

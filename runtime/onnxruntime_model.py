@@ -35,15 +35,24 @@ class OrtModel(RuntimeModel):
         info: GraphInfo,
         *,
         session: Any | None = None,
+        decode: Path | Any | None = None,
         threads: int | None = None,
         spinning: bool | None = None,
         huge_pages: bool = True,
     ) -> None:
+        """``decode``: a static-T graph's T = 1 twin (``GraphInfo.decode_file``), a session or a
+        path opened like ``path``, for one-token calls (``graph_contract.ExplicitCacheGraph``)."""
         super().__init__(path, info)
+
+        def opened(p: Path) -> Any:
+            make = lambda: cpu_session(p, threads=threads, spinning=spinning)  # noqa: E731
+            return on_huge_pages(make) if huge_pages else make()
+
         if session is None:
-            make = lambda: cpu_session(self.path, threads=threads, spinning=spinning)  # noqa: E731
-            session = on_huge_pages(make) if huge_pages else make()
-        self.graph = ExplicitCacheGraph(session, info)
+            session = opened(self.path)
+        if isinstance(decode, Path):
+            decode = opened(decode)
+        self.graph = ExplicitCacheGraph(session, info, decode=decode)
 
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
         return self.graph.run(token_ids, input_pos)

@@ -159,6 +159,31 @@ def test_htp_matches_cpu_run_of_same_qdq_graph(
     assert float((a - b).abs().max()) <= 0.5 * float(b.abs().max())
 
 
+def test_decode_twin_takes_the_one_token_calls(tmp_path: Path) -> None:
+    """A static-T graph with its T = 1 twin (fp32 here, so both compute the same function): the
+    runtime sends one-token calls to the twin and chunks to the graph, on the same caches."""
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    model = build_model(SPEC, seed=5, init_std=0.2)
+    info = graph_info(model, SPEC, file="g.onnx", quantization="fp32", seq_len=T)
+    export_onnx(model, tmp_path / "g.onnx", info=info, seq_len=T)
+    export_onnx(model, tmp_path / "g1.onnx", info=info, seq_len=1)
+    twin = OrtModel(tmp_path / "g.onnx", info, decode=tmp_path / "g1.onnx")
+    alone = OrtModel(tmp_path / "g.onnx", info)
+    decode, calls = twin.graph.decode, []
+    run = decode.run_with_iobinding
+    decode.run_with_iobinding = lambda b: calls.append(1) or run(b)
+    ids = torch.tensor(_prompts(1, 8)[0])
+    out = {}
+    for name, m in (("twin", twin), ("alone", alone)):
+        prefill = m.forward(ids[:5], 0)  # T + 2 tokens: a full chunk and a padded one
+        out[name] = torch.cat([prefill, *(m.forward(ids[k : k + 1], k) for k in range(5, 8))])
+    torch.testing.assert_close(out["twin"], out["alone"], atol=1e-4, rtol=1e-4)
+    assert len(calls) == 3  # the three one-token calls, and only those, ran on the twin
+
+
 def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.calibration import step_feeds
     from omnidraft_deploy.exporters.exportable import graph_info

@@ -156,8 +156,16 @@ def test_qnn_bundle_ships_and_loads_the_htp_context(bundle: Path) -> None:
     if manifest.backend != "qnn":
         pytest.skip("QNN bundles only")
     roles = {name: entry.role for name, entry in manifest.files.items()}
-    for role in ("drafter", "target"):
-        assert roles[f"{role}_ctx.onnx"] == roles[f"{role}_ctx_qnn.bin"] == "htp_context"
+    for stem in ("drafter", "target", "drafter_decode"):
+        assert roles[f"{stem}_ctx.onnx"] == roles[f"{stem}_ctx_qnn.bin"] == "htp_context"
+    # the drafter's T = 1 twin: listed, verified at export, and what one-token calls run on
+    assert manifest.graphs["drafter"].decode_file == "drafter_decode.onnx"
+    assert roles["drafter_decode.onnx"] == "drafter_graph"
+    assert manifest.graphs["target"].decode_file is None  # speculative == target-only: one graph
+    decode = manifest.extras["drafter"]["qnn"]["decode"]
+    assert decode["parity"]["top1_agreement"] >= 0.9 and decode["htp_cpu_nodes"] == []
+    drafter = load_model(bundle, "drafter")
+    assert drafter.path.name == "drafter_ctx.onnx" and drafter.graph.decode is not None
     loaded = load_model(bundle, "target")
     assert loaded.path.name == "target_ctx.onnx"
     info = manifest.graphs["target"]

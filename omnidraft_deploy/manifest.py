@@ -164,9 +164,8 @@ class GraphInfo:
                 )
 
 
-HTP_CONTEXT = (
-    "htp_context"  # a QNN graph's EPContext model + context binary (onnx_host.context_path)
-)
+# file role of a QNN graph's EPContext model and its context binary (``onnx_host.context_path``)
+HTP_CONTEXT = "htp_context"
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from omnidraft_deploy.exporters.onnx import WEIGHTS_LIMIT, export_onnx, set_meta
 from omnidraft_deploy.exporters.qnn_fp16 import fp16_activation_matmuls
 from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
 from omnidraft_deploy.exporters.qnn_mixed import float_residual
-from omnidraft_deploy.exporters.qnn_weights import gptq_linears, matmuls_to_gemm, pin_grids
+from omnidraft_deploy.exporters.qnn_weights import Grids, gptq_linears, matmuls_to_gemm, pin_grids
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
 from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
@@ -116,7 +116,7 @@ class _QdqGraph:
     src: Transformer
     recipe: QuantRecipe
     calib: list[list[int]]
-    grids: Any
+    grids: Grids | None
     token: int | None
     float_residual_stream: bool
     validate: bool

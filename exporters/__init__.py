@@ -156,8 +156,7 @@ def export_qnn_graph(
 
     seq_len = draft_len + 1
     info = graph_info(model, spec, file=f"{role}.onnx", quantization=recipe.name, seq_len=seq_len)
-    decode = out_dir / f"{role}_decode.onnx" if role == "drafter" else None
-    extras = export_qnn(model, out_dir / info.file, info=info, recipe=recipe, decode_path=decode)
-    if decode is not None:
-        info = dataclasses.replace(info, decode_file=decode.name)
+    if role == "drafter":
+        info = dataclasses.replace(info, decode_file=GraphInfo.decode_name(role))
+    extras = export_qnn(model, out_dir / info.file, info=info, recipe=recipe)
     return info, extras

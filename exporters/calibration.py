@@ -35,9 +35,14 @@ def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
 
 
 def calibration_ids(tokenizer: str, vocab_size: int, limit: int = 64) -> list[list[int]]:
-    """``calibration_prompts`` as ids of a graph with ``vocab_size`` entries, empty ones dropped
-    (test presets cut the vocabulary: ids are read modulo its size)."""
-    return [[t % vocab_size for t in ids] for ids in calibration_prompts(tokenizer, limit) if ids]
+    """``calibration_prompts`` as ids of a graph with ``vocab_size`` entries (``in_vocab``)."""
+    return in_vocab(calibration_prompts(tokenizer, limit), vocab_size)
+
+
+def in_vocab(prompts: list[list[int]], vocab_size: int) -> list[list[int]]:
+    """``prompts`` as ids of a graph with ``vocab_size`` entries, empty ones dropped (test
+    presets cut the vocabulary: ids are read modulo its size)."""
+    return [[t % vocab_size for t in ids] for ids in prompts if ids]
 
 
 def input_stats(

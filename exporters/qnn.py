@@ -39,6 +39,7 @@ from typing import Any, cast
 from omnidraft_deploy.exporters.calibration import (
     StepReader,
     calibration_ids,
+    in_vocab,
     reciprocal_to_div,
     step_feeds,
 )
@@ -71,7 +72,6 @@ def export_qnn(
     float_residual_stream: bool = False,
     sink: bool = True,
     gptq: bool = True,
-    decode_path: Path | None = None,
 ) -> dict[str, Any]:
     """Write the static-T (QDQ) graph to ``path``; returns calibration / HTP facts.
 
@@ -80,16 +80,13 @@ def export_qnn(
     ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
     RMSNorms are LpNormalization (``reference.sink``). ``gptq`` (with ``sink``: on the sinked copy, never
     the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``qnn_weights``).
-    ``decode_path``: also write the T = 1 twin there (same weights and sink, calibrated on the
-    same text one token at a time; its facts under ``decode``): one-token calls (drafting) then
-    cost one token, not a padded T-token call.
+    ``info.decode_file``: also write the T = 1 twin there (``GraphInfo.decode_info``; same
+    weights and sink, calibrated on the same text one token at a time; its facts under
+    ``decode``): one-token calls (drafting) then cost one token, not a padded T-token call.
     """
     extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
-    vocab = model.args.vocab_size  # test presets cut the vocabulary: ids are read modulo its size
-    if prompts is None:
-        calib = calibration_ids(info.tokenizer, vocab)
-    else:
-        calib = [[t % vocab for t in p] for p in prompts if p]
+    vocab = model.args.vocab_size
+    calib = calibration_ids(info.tokenizer, vocab) if prompts is None else in_vocab(prompts, vocab)
     src, token, grids = model, None, None
     if sink:
         token = sink_for(model, info.tokenizer)
@@ -102,10 +99,10 @@ def export_qnn(
         extras["sink_token"] = token
     graph = _QdqGraph(src, recipe, calib, grids, token, float_residual_stream, validate)
     extras |= graph.write(path, info, extras["stages"])
-    if decode_path is not None:
-        one = dataclasses.replace(info, file=decode_path.name, seq_len=1)
+    if info.decode_file is not None:
         extras["decode"] = {"seq_len": 1, "stages": {}}
-        extras["decode"] |= graph.write(decode_path, one, extras["decode"]["stages"])
+        one = path.with_name(info.decode_file)
+        extras["decode"] |= graph.write(one, info.decode_info(), extras["decode"]["stages"])
     return extras
 
 
@@ -134,9 +131,8 @@ class _QdqGraph:
                     self.src, Path(tmp) / "fp32.onnx", info=info, seq_len=info.seq_len
                 )
             graph = onnx.load(str(fp32))
-            _opset_at_least(
-                graph, 21
-            )  # 16-bit QDQ; ORT's own upgrade serialises the model (< 2 GiB)
+            # 16-bit QDQ; ORT's own upgrade serialises the model (< 2 GiB)
+            _opset_at_least(graph, 21)
             extras["reciprocal_to_div"] = reciprocal_to_div(graph)
             extras["lm_head_chunks"] = split_lm_head(graph, DEFAULT_MAX_COLS)
             # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
@@ -145,10 +141,8 @@ class _QdqGraph:
             # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
             extras["gemm_weights"] = 0 if self.float_residual_stream else matmuls_to_gemm(graph)
             extras["float_nodes"] = len(keep_float)
-            big = (
-                _initializer_bytes(graph) > WEIGHTS_LIMIT
-            )  # Qwen2.5-0.5B: external data from here on
-            fp32 = save_onnx(graph, Path(tmp) / "graph.onnx")  # a new file: the trace's data stays
+            # a new file (the trace's data stays); Qwen2.5-0.5B: external data from here on
+            fp32, big = save_onnx(graph, Path(tmp) / "graph.onnx")
             del graph  # (saving moved its weights out); reloaded for pin_grids
             with stage(stages, "calibrate"):
                 feeds = step_feeds(fp32, info, self.calib)
@@ -205,16 +199,16 @@ def _initializer_bytes(proto: Any) -> int:
     return sum(len(t.raw_data) for t in proto.graph.initializer)
 
 
-def save_onnx(proto: Any, path: Path) -> Path:
+def save_onnx(proto: Any, path: Path) -> tuple[Path, bool]:
     """``proto`` to ``path``, its weights in ``<name>.data`` beside it past 2 GiB (the traced fp32
     graph of Qwen2.5-0.5B with its lm_head chunks is ~3 GB; ``onnx.save`` then moves the weights
-    out of ``proto`` itself)."""
+    out of ``proto`` itself); returns the path and whether the weights went out."""
     import onnx
 
     big = _initializer_bytes(proto) > WEIGHTS_LIMIT
     onnx.save(proto, str(path), save_as_external_data=big,
               location=f"{path.name}.data" if big else None)  # fmt: skip
-    return path
+    return path, big
 
 
 def nodes_outside_htp(context: Path) -> list[str]:

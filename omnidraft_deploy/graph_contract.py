@@ -132,7 +132,7 @@ class ExplicitCacheGraph:
         self._caches = tuple(np.zeros(shape, np.float32) for _ in range(2 * info.n_layers))
         self._values = [self._ort.OrtValue.ortvalue_from_numpy(c) for c in self._caches]
         self._binding = self._bind(self.session)
-        self._decode_binding = None if self.decode is None else self._bind(self.decode)
+        self._decode_binding: Any = None if self.decode is None else self._bind(self.decode)
 
     def _bind(self, session: Any) -> Any:
         """An IOBinding of ``session`` on this graph's cache buffers."""
@@ -165,10 +165,13 @@ class ExplicitCacheGraph:
         caches = {cache_in(i): c.copy() for i, c in enumerate(self.caches)}
         return {TOKEN_IDS: token_ids, INPUT_POS: input_pos, **caches}
 
-    def _call(self, ids: np.ndarray, pos: np.ndarray, n_real: int) -> np.ndarray:
-        session, b = self.session, self._binding
-        if self._decode_binding is not None and ids.shape[1] == 1:
-            session, b = self.decode, self._decode_binding
+    def _call(
+        self, ids: np.ndarray, pos: np.ndarray, n_real: int, *, decode: bool = False
+    ) -> np.ndarray:
+        session: Any
+        session, b = (
+            (self.decode, self._decode_binding) if decode else (self.session, self._binding)
+        )
         b.bind_cpu_input(TOKEN_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(INPUT_POS, np.ascontiguousarray(pos, dtype=np.int64))
         if self.cache_io is CacheIO.SHARED:
@@ -192,7 +195,9 @@ class ExplicitCacheGraph:
     def run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
         """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated. A
         static-T graph takes chunks of T (``static_chunks``); one token goes to ``decode``."""
-        if self.info.seq_len is None or (self.decode is not None and token_ids.shape[1] == 1):
+        if self.decode is not None and token_ids.shape[1] == 1:
+            return self._call(token_ids, input_pos, 1, decode=True)
+        if self.info.seq_len is None:
             return self._call(token_ids, input_pos, token_ids.shape[1])
         chunks = static_chunks(token_ids, input_pos, self.info.seq_len, self.info.max_seq_len)
         return np.concatenate([self._call(i, p, n)[:n] for i, p, n in chunks], axis=0)

@@ -130,6 +130,11 @@ class GraphInfo:
     def __post_init__(self) -> None:
         self.validate("graph")
 
+    @staticmethod
+    def decode_name(role: str) -> str:
+        """The file of ``role``'s T = 1 twin (the only name a manifest accepts for it)."""
+        return f"{role}_decode.onnx"
+
     def decode_info(self) -> GraphInfo:
         """The decode graph's own description: this one at ``decode_file`` with T = 1."""
         if self.decode_file is None:
@@ -256,9 +261,9 @@ class Manifest:
             )
         if g.decode_file is not None:
             entry = self.files.get(g.decode_file)
-            if not static or g.decode_file != f"{role}_decode.onnx":
-                raise ValueError(f"field {where}.decode_file: {g.decode_file!r}, a "
-                                 f"{self.backend} bundle has none or {role}_decode.onnx (qnn)")  # fmt: skip
+            if not static or g.decode_file != GraphInfo.decode_name(role):
+                raise ValueError(f"field {where}.decode_file: {g.decode_file!r}, a {self.backend} "
+                                 f"bundle has none or {GraphInfo.decode_name(role)} (qnn)")  # fmt: skip
             if entry is None or entry.role != f"{role}_graph":
                 raise ValueError(f"field {where}.decode_file: {g.decode_file!r} is not listed "
                                  f"as {role}_graph in files")  # fmt: skip

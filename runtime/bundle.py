@@ -160,12 +160,12 @@ def load_graph_file(
     if provider == "qnn":
         from omnidraft_deploy.runtime.qnn_model import QnnUnsupportedError, qnn_model
 
-        contexts = {
-            "context": htp_context(root, manifest, info.file),
-            "decode_context": None if decode is None else htp_context(root, manifest, decode.name),
-        }
+        context = htp_context(root, manifest, info.file)
+        decode_context = None if decode is None else htp_context(root, manifest, decode.name)
         try:
-            return qnn_model(path, info, decode=decode, **contexts)
+            return qnn_model(
+                path, info, context=context, decode=decode, decode_context=decode_context
+            )
         except QnnUnsupportedError as e:
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel

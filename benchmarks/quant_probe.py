@@ -9,8 +9,8 @@ Teacher-forced top-1 agreement with the fp32 eager model over the shipped prompt
 tokens each, ``exporters.verify.prompt_ids``); weights dequantised in place (what MatMulNBits
 computes, up to its int8 activation rounding). ``a16`` fake-quantises the input of every RMSNorm
 (the residual stream) to 16 bits over the range calibrated on held-out text and, optionally,
-RMSNorm's ``x^2`` as the decomposed QDQ graph does; ``rotate`` first folds the norm weights into
-the next linears and turns the residual stream by a seeded orthogonal matrix (exact in fp32).
+RMSNorm's ``x^2`` as the decomposed QDQ graph does; ``reference.rotate`` first folds the norm weights
+into the next linears and turns the residual stream by a seeded orthogonal matrix (exact in fp32).
 Writes ``reports/quant_probe_<study>_<model>.md``.
 """
 
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
 from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.reference.rotate import rotated as rotated_model
 
 
 def fake_quant(x: Tensor, bound: float, bits: int = 16, lo: float | None = None) -> Tensor:
@@ -91,28 +92,6 @@ def int4_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
     return rows
 
 
-def rotate(model: nn.Module) -> None:
-    """Fold RMSNorm weights into the following linears and rotate the residual stream by Q."""
-    d = model.args.dim
-    gen = torch.Generator().manual_seed(0)
-    q = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0].float()
-    inner = model.model
-    with torch.no_grad():
-        head = model.lm_head.weight.detach() * inner.norm.weight[None, :]
-        model.lm_head.weight = nn.Parameter(head @ q)
-        inner.embed_tokens.weight = nn.Parameter(inner.embed_tokens.weight.detach() @ q)
-        inner.norm.weight.fill_(1.0)
-        for layer in inner.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            for norm, lins in ((layer.input_layernorm, (at.q_proj, at.k_proj, at.v_proj)),
-                               (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj))):  # fmt: skip
-                for lin in lins:
-                    lin.weight.copy_(lin.weight * norm.weight[None, :] @ q)
-                norm.weight.fill_(1.0)
-            for lin in (at.o_proj, mlp.down_proj):
-                lin.weight.copy_(q.T @ lin.weight)
-
-
 def a16_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str) -> list[str]:
     calib = calibration_prompts(tok, limit=48)
     orig = ref_model.RMSNorm.forward
@@ -120,7 +99,7 @@ def a16_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok:
     for rotated in (False, True):
         m = copy.deepcopy(model)
         if rotated:
-            rotate(m)
+            m = rotated_model(m)
         seen = [0.0]
 
         def record(
@@ -155,9 +134,10 @@ def xnnpack_rows(
 ) -> list[str]:
     from omnidraft_deploy.exporters.quantize import get_recipe, quantize_eager
 
-    return [f"| xnnpack {name} (torchao, eager) | "
-            f"{top1(quantize_eager(model, get_recipe('xnnpack', name)), prompts, ref):.3f} |"
-            for name in ("8da8w", "8da4w")]  # fmt: skip
+    turned = rotated_model(model)  # the same function, residual outliers spread (QuaRot)
+    return [f"| xnnpack {name} (torchao, eager){', rotated' if m is turned else ''} | "
+            f"{top1(quantize_eager(m, get_recipe('xnnpack', name)), prompts, ref):.3f} |"
+            for name in ("8da8w", "8da4w") for m in (model, turned)]  # fmt: skip
 
 
 class RowInt8Linear(nn.Module):

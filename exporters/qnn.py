@@ -7,6 +7,9 @@ htp_compile.
   sink's K/V, computed in fp32, are graph constants in front of the host-held caches, so the
   first token's massive activations (24k in SmolLM2-135M's residual stream, 40x anything else)
   never reach the quantised graph; RMSNorm is one ``LpNormalization`` (no uint16 ``x^2``).
+- The residual stream is turned by a seeded orthogonal matrix folded into the weights
+  (``reference.rotate``, QuaRot): the same function with its outlier channels spread, so the
+  uint16 scales of the residual ``Add``s, norms and ``o_proj`` / ``down_proj`` outputs are finer.
 - Weight matmuls are ``Gemm`` (``qnn_weights.matmuls_to_gemm``): ONNX Runtime's QNN quantiser
   gives MatMul weights one scale per tensor, Gemm one per output channel. The lm_head is constant
   vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
@@ -56,9 +59,11 @@ from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import context_path, htp_session
 from omnidraft_deploy.parity import StepFn
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.rotate import rotated
 from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_for
 
 log = logging.getLogger(__name__)
+ROTATION_SEED = 0  # of the residual-stream rotation (recorded in the export's extras)
 
 
 def export_qnn(
@@ -72,6 +77,7 @@ def export_qnn(
     float_residual_stream: bool = False,
     sink: bool = True,
     gptq: bool = True,
+    rotate: bool = True,
 ) -> dict[str, Any]:
     """Write the static-T (QDQ) graph to ``path``; returns calibration / HTP facts.
 
@@ -80,6 +86,8 @@ def export_qnn(
     ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
     RMSNorms are LpNormalization (``reference.sink``). ``gptq`` (with ``sink``: on the sinked copy, never
     the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``qnn_weights``).
+    ``rotate``: the residual stream turned by ``orthogonal(dim, ROTATION_SEED)`` (``reference.rotate``;
+    a copy: the caller's model is not changed).
     ``info.decode_file``: also write the T = 1 twin there (``GraphInfo.decode_info``; same
     weights and sink, calibrated on the same text one token at a time; its facts under
     ``decode``): one-token calls (drafting) then cost one token, not a padded T-token call.
@@ -87,10 +95,11 @@ def export_qnn(
     extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
     vocab = model.args.vocab_size
     calib = calibration_ids(info.tokenizer, vocab) if prompts is None else in_vocab(prompts, vocab)
-    src, token, grids = model, None, None
+    src, token, grids = (rotated(model, ROTATION_SEED) if rotate else model), None, None
+    extras["rotation_seed"] = ROTATION_SEED if rotate else None
     if sink:
         token = sink_for(model, info.tokenizer)
-        sinked_model = SinkModel(model, token, lp_norm=True)
+        sinked_model = SinkModel(src, token, lp_norm=True)
         if gptq:
             with stage(extras["stages"], "gptq"):
                 grids = gptq_linears(sinked_model, calib)

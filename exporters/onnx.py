@@ -40,6 +40,7 @@ from omnidraft_deploy.exporters.exportable import (
     example_inputs,
 )
 from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_onnx_file
+from omnidraft_deploy.exporters.smoothquant import smoothed_on_text
 
 from omnidraft_deploy.graph_contract import input_names, output_names
 from omnidraft_deploy.manifest import GraphInfo
@@ -165,7 +166,7 @@ def _export_fused(
     t0 = time.perf_counter()
     plan = None  # before sizing: the plan decides which matmuls hold 4 bits and which 8
     if name == "w8a8":
-        model = _smoothed_for_w8a8(model, info)
+        model = smoothed_on_text(model, info.tokenizer, info.file)
     elif name == "int4" and recipe is not None:
         plan = _int4_plan(model, info, recipe)
     big = weight_bytes(model, recipe, plan) > WEIGHTS_LIMIT
@@ -208,21 +209,6 @@ def _int4_plan(model: Transformer, info: GraphInfo, recipe: QuantRecipe) -> dict
     log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", info.file,
              sum(b == 4 for b in plan.values()), len(plan), time.perf_counter() - t0)  # fmt: skip
     return plan
-
-
-def _smoothed_for_w8a8(model: Transformer, info: GraphInfo) -> Transformer:
-    """The SmoothQuant copy ``w8a8`` is written from (``exporters.smoothquant``), calibrated on
-    real text in the graph's own tokenizer, held out from the verification prompts."""
-    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
-
-    prompts = calibration_ids(
-        info.tokenizer, model.args.vocab_size, min(128, model.args.max_seq_len)
-    )
-    t0 = time.perf_counter()
-    out = smoothed(model, activation_absmax(model, prompts))
-    log.info("%s: SmoothQuant calibrated on %d prompts (%d tokens) in %.1f s", info.file,
-             len(prompts), sum(map(len, prompts)), time.perf_counter() - t0)  # fmt: skip
-    return out
 
 
 def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:

@@ -22,6 +22,9 @@ PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit
 
 def require_executorch_runtime() -> Any:
     runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
+    # the quantized_decomposed kernels (int8 embedding of the *-emb8 recipes) register on import:
+    # without it such a program fails to load its method (error 0x14) unless something else did
+    require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
     return runtime.Runtime
 
 

@@ -14,3 +14,12 @@ def require(module: str, *, extra: str, purpose: str) -> Any:
         raise ImportError(
             f"{purpose} needs {module}: pip install 'omnidraft-deploy[{extra}]'"
         ) from e
+
+
+def executorch_runtime() -> Any:
+    """ExecuTorch's ``Runtime`` class, with the quantized_decomposed kernels registered (the int8
+    embedding of the ``*-emb8`` recipes): they register on import, and without them such a program
+    fails to load its method (error 0x14) unless something else imported them first."""
+    runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
+    require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
+    return runtime.Runtime

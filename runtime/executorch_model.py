@@ -15,17 +15,9 @@ from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy import graph_contract as gc
 from omnidraft_deploy.manifest import BundleError, GraphInfo
-from omnidraft_deploy.optional import require
+from omnidraft_deploy.optional import executorch_runtime
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version
-
-
-def require_executorch_runtime() -> Any:
-    runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
-    # the quantized_decomposed kernels (int8 embedding of the *-emb8 recipes) register on import:
-    # without it such a program fails to load its method (error 0x14) unless something else did
-    require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
-    return runtime.Runtime
 
 
 def load_program(path: Path) -> Any:
@@ -33,7 +25,7 @@ def load_program(path: Path) -> Any:
     if len(head) < 8 or head[4:6] != PTE_MAGIC:
         raise BundleError(path, "not an ExecuTorch program (no ET flatbuffer identifier)")
     try:
-        return require_executorch_runtime().get().load_program(str(path))
+        return executorch_runtime().get().load_program(str(path))
     except RuntimeError as e:
         raise BundleError(
             path, f"ExecuTorch refused the program ({e}): truncated or corrupted"

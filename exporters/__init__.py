@@ -67,7 +67,7 @@ def export_xnnpack(
     from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
 
     info = graph_info(model, spec, file=f"{role}.pte", quantization=recipe.name, seq_len=None)
-    if recipe.linear == "8da8w":  # int8 per-token activations: outlier channels into the weights
+    if recipe.smooth:  # int8 per-token activations: outlier channels into the weights
         from omnidraft_deploy.exporters.smoothquant import smoothed_on_text
 
         model = smoothed_on_text(model, info.tokenizer, info.file)

@@ -165,7 +165,7 @@ def _export_fused(
         )
     t0 = time.perf_counter()
     plan = None  # before sizing: the plan decides which matmuls hold 4 bits and which 8
-    if name == "w8a8":
+    if recipe is not None and recipe.smooth:
         model = smoothed_on_text(model, info.tokenizer, info.file)
     elif name == "int4" and recipe is not None:
         plan = _int4_plan(model, info, recipe)

@@ -54,9 +54,9 @@ def artifact_step(path: Path, info: GraphInfo) -> StepFn:
     chunks), the ExecuTorch runtime for ``.pte``.
     """
     if path.suffix == ".pte":
-        from omnidraft_deploy.optional import executorch_runtime
+        from omnidraft_deploy.optional import pte_program
 
-        method = executorch_runtime().get().load_program(str(path)).load_method(gc.PTE_FORWARD)
+        method = pte_program(path).load_method(gc.PTE_FORWARD)
 
         def pte_step(token_ids: Tensor, start_pos: int) -> Tensor:
             pos = gc.contiguous_positions(start_pos, len(token_ids))
@@ -91,9 +91,9 @@ def reference_for(path: Path, eager: Transformer) -> Transformer:
 
 def pte_constants(path: Path) -> dict[str, Any]:
     """Values of the ``.pte`` constant methods (get_max_seq_len, get_eos_ids, ...)."""
-    from omnidraft_deploy.optional import executorch_runtime
+    from omnidraft_deploy.optional import pte_program
 
-    return gc.pte_constants(executorch_runtime().get().load_program(str(path)))
+    return gc.pte_constants(pte_program(path))
 
 
 def prompt_ids(tokenizer: str, vocab_size: int, *, n: int = 3, limit: int = 24) -> list[list[int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 
@@ -23,3 +24,9 @@ def executorch_runtime() -> Any:
     runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
     require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
     return runtime.Runtime
+
+
+def pte_program(path: str | Path) -> Any:
+    """``path`` loaded as an ExecuTorch program (``executorch_runtime``); ``RuntimeError`` from
+    ExecuTorch when it refuses the file."""
+    return executorch_runtime().get().load_program(str(path))

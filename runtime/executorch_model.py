@@ -15,7 +15,7 @@ from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy import graph_contract as gc
 from omnidraft_deploy.manifest import BundleError, GraphInfo
-from omnidraft_deploy.optional import executorch_runtime
+from omnidraft_deploy.optional import pte_program
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version
 
@@ -25,7 +25,7 @@ def load_program(path: Path) -> Any:
     if len(head) < 8 or head[4:6] != PTE_MAGIC:
         raise BundleError(path, "not an ExecuTorch program (no ET flatbuffer identifier)")
     try:
-        return executorch_runtime().get().load_program(str(path))
+        return pte_program(path)
     except RuntimeError as e:
         raise BundleError(
             path, f"ExecuTorch refused the program ({e}): truncated or corrupted"

@@ -31,6 +31,12 @@ def test_every_backend_has_fp32_and_a_quantized_recipe() -> None:
         assert (r.tolerance <= 1e-3) == (name == "fp32")  # quantised recipes get looser bounds
 
 
+def test_recipes_with_int8_per_token_activations_are_smoothed() -> None:
+    # the exporters read ``recipe.smooth``, not the name: the registry is the one place for it
+    smoothed = {(r.backend.value, r.name) for r in RECIPES.values() if r.smooth}
+    assert smoothed == {("xnnpack", "8da8w"), ("onnx", "w8a8")}
+
+
 def test_unknown_quantization_lists_valid_names() -> None:
     with pytest.raises(KeyError, match=r"unknown quantization 'int3'.*'8da4w'"):
         get_recipe("xnnpack", "int3")

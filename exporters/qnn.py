@@ -15,7 +15,8 @@ htp_compile.
   vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
   table, quantised as a uint16 activation the HTP refused).
 - gptq: 8-bit symmetric per-channel weights by GPTQ on held-out text (``qnn_weights``), codes
-  pinned through the quantiser; calibrate: real prompts through the fp32 graph (``calibration``);
+  pinned through the quantiser; calibrate: real prompts through the fp32 graph, then windows
+  of them read from position 0 (ranges for first tokens' massive activations: ``calibration``);
   quantize: ``get_qnn_qdq_config`` + ``quantize``, uint16 (``qdq-a16w8``, default) or uint8
   (``qdq-u8``) activations in QDQ format, what the Hexagon HTP runs.
 - The attention MatMuls (two activations) run in fp16 between Casts (``qnn_fp16``): the HTP's
@@ -44,6 +45,7 @@ from omnidraft_deploy.exporters.calibration import (
     calibration_ids,
     in_vocab,
     reciprocal_to_div,
+    start_windows,
     step_feeds,
 )
 from omnidraft_deploy.exporters.memory import stage
@@ -153,9 +155,10 @@ class _QdqGraph:
             # a new file (the trace's data stays); Qwen2.5-0.5B: external data from here on
             fp32, big = save_onnx(graph, Path(tmp) / "graph.onnx")
             del graph  # (saving moved its weights out); reloaded for pin_grids
+            windows = start_windows(self.calib, info.seq_len or 1)  # read from position 0
             with stage(stages, "calibrate"):
-                feeds = step_feeds(fp32, info, self.calib)
-            extras["calibration_steps"] = len(feeds)
+                feeds = step_feeds(fp32, info, self.calib + windows)
+            extras["calibration_steps"], extras["calibration_windows"] = len(feeds), len(windows)
             a16 = self.recipe.name == "qdq-a16w8"
             config = get_qnn_qdq_config(
                 str(fp32),

@@ -69,7 +69,9 @@ def test_export_is_qdq_and_compiles_for_htp(qdq: tuple[Transformer, Path, GraphI
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert ops.count("QuantizeLinear") > 10 and ops.count("DequantizeLinear") > 10
     assert extras["htp_validated"] and extras["htp_providers"][0] == "QNNExecutionProvider"
-    assert extras["calibration_steps"] == 6 * (16 // T)
+    # each prompt in chunks of T, then its windows at offsets 1 and 9 read as prompts
+    assert extras["calibration_windows"] == 6 * 2
+    assert extras["calibration_steps"] == 6 * (16 // T) + 6 * 2
     assert extras["htp_context_bytes"] > 0
     assert extras["htp_cpu_nodes"] == []  # 100 % of the graph inside HTP context binaries
     assert extras["lm_head_chunks"] == 1  # 64 columns <= DEFAULT_MAX_COLS
@@ -197,6 +199,15 @@ def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
     second = feeds[1]["cache_0"]
     assert np.abs(second[:, :, :T]).sum() > 0 and np.abs(second[:, :, T:]).sum() == 0
     assert np.abs(feeds[0]["cache_0"]).sum() == 0  # snapshots, not one shared buffer
+
+
+def test_start_windows_read_mid_text_tokens_as_first_tokens() -> None:
+    from omnidraft_deploy.exporters.calibration import start_windows
+
+    prompts = [list(range(100, 120)), [1, 2, 3]]  # the second is too short for a window
+    windows = start_windows(prompts, 5, stride=8)
+    assert windows == [list(range(101, 106)), list(range(109, 114))]  # never the prompt's start
+    assert start_windows(prompts, 1, stride=8) == [[101], [109], [117], [2]]  # the T = 1 twin
 
 
 def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:

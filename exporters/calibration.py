@@ -50,11 +50,11 @@ def start_windows(prompts: list[list[int]], t: int, stride: int = 8) -> list[lis
     to be read as a prompt of its own: the first token of a prompt is where a sinked graph's
     massive activations reappear, and which token starts it decides how large they get.
 
-    Qwen2.5-0.5B after its ``<|endoftext|>`` sink (eager fp32, residual-stream max |x|): 73-105
-    for the calibration prompts' first words, 675 for '用', 635 for ' Can', 391 for ' Leading'
-    (a quarter of 502 word tokens exceed 100). Calibrated on prompt starts alone, the QDQ graph
-    clipped the residual stream of ' Leading' at one shipped prompt's first token (15 % of the
-    o_proj / down_proj output channels of layers 2-3 out of range): logits 21.8 off.
+    Qwen2.5-0.5B after its ``<|endoftext|>`` sink (``benchmarks/first_token.py``: eager fp32,
+    residual-stream max |x| at the first token): the calibration prompts' first words 85 median,
+    105 max; ' Leading', a shipped prompt's first word, 391; tokens of the held-out text read
+    alone up to 538. Calibrated on prompt starts alone, the QDQ graph clipped ' Leading' (15 % of
+    the o_proj / down_proj output channels of layers 2-3 out of range): logits 21.8 off.
     """
     return [ids[s : s + t] for ids in prompts for s in range(1, len(ids) - t + 1, stride)]
 

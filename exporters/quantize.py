@@ -12,7 +12,7 @@ torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the 
   partitioner takes an int8 weight only beside quantized activations (``gemm_configs``: a
   dequantised weight with float activations is "static quant" without its activation Q/DQ), so
   the weight conversion and the ``mm`` run in the portable kernels, every call: SmolLM2-135M
-  decodes at 1.6 tok/s (8da8w: 21-25). torchao's ``IntxWeightOnlyConfig``
+  decodes at 1.6 tok/s (8da4w-emb8 in the same run: 21.4). torchao's ``IntxWeightOnlyConfig``
   lowers to XNNPACK but the ``.pte`` returns NaN / garbage, and ExecuTorch's
   ``WeightOnlyInt8QuantHandler`` drops biases (Qwen2 q/k/v), so neither is used.
 - ``*-emb8`` variants also store the embedding table as int8 per row (``Int8Embedding``:

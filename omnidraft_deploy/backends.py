@@ -31,9 +31,8 @@ class QuantRecipe:
     group_size: int = 32  # int4 weight group (xnnpack 8da4w) / block size (onnx int4)
     linear: str = "none"  # none | 8da4w | 8da8w | int8w (xnnpack eager transform)
     embedding_bits: int = 0  # 0: fp32 embedding table; 8: int8 per row (xnnpack)
-    smooth: bool = (
-        False  # SmoothQuant before export (int8 per-token activations: xnnpack 8da8w, onnx w8a8)
-    )
+    # SmoothQuant before export (int8 per-token activations: xnnpack 8da8w, onnx w8a8)
+    smooth: bool = False
 
     def __post_init__(self) -> None:
         if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:

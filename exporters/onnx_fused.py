@@ -61,7 +61,7 @@ def int4_codes(w: Tensor, step: Tensor, offset: Tensor) -> Tensor:
     return torch.round((w - offset[..., None]) / step[..., None]).clamp(0, 15)
 
 
-def _int4_blocks(w: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
+def int4_blocks(w: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
     """``w (N, K)`` in blocks of ``block`` inputs (a padded last block padded with the minimum):
     codes ``(N, n_blocks, block)`` and the grid's step and offset ``(N, n_blocks)``."""
     n, k = w.shape
@@ -74,7 +74,7 @@ def _int4_blocks(w: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def int4_rtn(w: Tensor, block: int) -> Tensor:
     """``w (N, K)`` rounded to its int4 grid per block of ``block`` inputs (what the graph holds)."""
-    codes, step, offset = _int4_blocks(w, block)
+    codes, step, offset = int4_blocks(w, block)
     deq = codes * step[..., None] + offset[..., None]
     return deq.view(w.shape[0], -1)[:, : w.shape[1]]
 
@@ -95,7 +95,7 @@ def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.nd
         scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
         q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
         return q.numpy(), scale.reshape(-1).numpy(), None
-    codes, step, offset = _int4_blocks(w, block)
+    codes, step, offset = int4_blocks(w, block)
     q = codes.to(torch.uint8)
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
     return packed.numpy(), step.reshape(-1).numpy(), offset.numpy()

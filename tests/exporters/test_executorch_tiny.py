@@ -18,14 +18,13 @@ SPEC = dataclasses.replace(get_preset("tiny-llama3-8b"), vocab_size=320)  # GQA
 PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
 
 
-def _export(tmp: Path, quant: str) -> tuple[Transformer, Path, dict]:
+def _export(tmp: Path, quant: str, fast_merge: bool = True) -> tuple[Transformer, Path, dict]:
     from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
 
     model = build_model(SPEC, seed=2, max_seq_len=32)
-    path = tmp / f"{quant}.pte"
-    cov = export_pte(
-        model, path, recipe=get_recipe("xnnpack", quant), eos_ids=(2, 7), bundle_hash="abc"
-    )
+    path = tmp / f"{quant}-{fast_merge}.pte"
+    cov = export_pte(model, path, recipe=get_recipe("xnnpack", quant), eos_ids=(2, 7),
+                     bundle_hash="abc", fast_merge=fast_merge)  # fmt: skip
     return model, path, cov
 
 
@@ -45,6 +44,14 @@ def test_reloaded_pte_matches_eager_incl_rollback(fp32) -> None:
     other = build_model(SPEC, seed=3, max_seq_len=32)
     with pytest.raises(ExportVerificationError, match="fp32"):
         verify_artifact(path, info, other, get_recipe("xnnpack", "fp32"), PROMPTS)
+
+
+def test_fast_partition_merge_writes_the_same_program(fp32, tmp_path: Path) -> None:
+    _, fast, cov = fp32
+    _, slow, cov_slow = _export(tmp_path, "fp32", fast_merge=False)
+    assert cov["fast_partition_merge"] and not cov_slow["fast_partition_merge"]
+    assert cov["delegated_subgraphs"] == cov_slow["delegated_subgraphs"]
+    assert fast.read_bytes() == slow.read_bytes()
 
 
 def test_constant_methods_carry_the_metadata(fp32) -> None:

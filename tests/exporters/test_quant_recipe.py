@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -10,9 +11,11 @@ from omnidraft_deploy.exporters import EXPORTERS, get_exporter, register
 from omnidraft_deploy.exporters.quantize import (
     RECIPES,
     Backend,
+    Int4GroupLinear,
     Int8WeightOnlyLinear,
     QuantRecipe,
     get_recipe,
+    linear_scheme,
     quantize_eager,
     quantize_onnx_file,
     recipe_names,
@@ -91,6 +94,36 @@ def test_int8_weight_only_linear_matches_float() -> None:
     x = torch.randn(3, 64)
     err = (q(x) - lin(x)).abs().max()
     assert q.weight.dtype == torch.int8 and float(err) < 0.02
+
+
+def test_recipes_name_the_lm_head_and_fp32_linears_per_module() -> None:
+    four, eight = get_recipe("xnnpack", "8da4w"), get_recipe("xnnpack", "8da8w")
+    assert linear_scheme(four, "model.layers.3.mlp.down_proj") == "8da4w"
+    assert linear_scheme(four, "lm_head") == "8da8w"  # the head keeps 8 bits
+    assert linear_scheme(eight, "model.layers.3.mlp.down_proj") == "none"  # SwiGLU outliers
+    assert linear_scheme(eight, "model.layers.3.mlp.up_proj") == "8da8w"
+    assert linear_scheme(eight, "lm_head") == "8da8w"
+    with pytest.raises(ValueError, match="unknown linear scheme 'int3'"):
+        QuantRecipe("x", Backend.XNNPACK, 1.0, 0.5, linear="8da8w", head="int3")
+
+
+def test_int4_groups_keep_an_asymmetric_grid_exactly() -> None:
+    pytest.importorskip("torchao")
+    from omnidraft_deploy.exporters.onnx_fused import int4_rtn
+    from omnidraft_deploy.exporters.quantize import torchao_8da
+
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 16).requires_grad_(False)
+    with torch.no_grad():  # skewed groups on a Q4_1-style grid (what a GGUF model loads as)
+        lin.weight.copy_(int4_rtn(lin.weight.abs() + 0.05 * torch.randn(16, 64), 32))
+    q = Int4GroupLinear.from_float(lin, 32)
+    held = q.centred.weight.dequantize() + q.constant.repeat_interleave(32, 1)
+    assert float((held - lin.weight).abs().max()) < 1e-6  # every weight back on its own grid
+    sym = torchao_8da(copy.deepcopy(lin), bits=4)  # torchao's own rounding: amax / 7.5 per group
+    assert float((sym.weight.dequantize() - lin.weight).abs().max()) > 1e-3  # symmetric cannot
+    x = torch.randn(5, 64)
+    err = float((q(x) - lin(x)).abs().max())  # only the int8 activation rounding is left
+    assert 0 < err < 0.02 * float(lin(x).abs().max())
 
 
 def test_8da4w_and_int8_embedding_quantize_eagerly() -> None:

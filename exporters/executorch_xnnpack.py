@@ -17,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -82,7 +83,7 @@ def op_coverage(edge_program: Any) -> dict[str, Any]:
     }
 
 
-PATCHED_EXECUTORCH = "1.5.1"  # the release whose partitioner ``fast_partition_merge`` replaces
+PATCHED_EXECUTORCH = "1.5.1"  # the release whose lowering ``fast_lowering`` speeds up
 
 
 def _can_merge_partitions(self: Any, p1: int, p2: int, partitions_by_id: dict[int, Any]) -> bool:
@@ -97,32 +98,71 @@ def _can_merge_partitions(self: Any, p1: int, p2: int, partitions_by_id: dict[in
     return bool(validate_partition(list(combined)))
 
 
-@contextlib.contextmanager
-def fast_partition_merge() -> Iterator[bool]:
-    """Lower with ``_can_merge_partitions`` in place of ExecuTorch's own (yields whether it is).
+def _legalize_in_place(gm: Any) -> Any:
+    """``torch.fx.passes.tools_common.legalize_graph`` without its ``recompile``: torch's own sort
+    runs on a stand-in (``SimpleNamespace(graph=...)``), and ``gm``'s nodes are moved into the
+    order of the sorted copy (matched by name), so the graph is never replaced and its Python
+    code is not regenerated per partition. Falls back to the original if the names do not match.
+    """
+    from torch.fx.passes import tools_common
 
-    The XNNPACK partitioner tries to merge every pair of its partitions, and for each pair the
-    original tests every external user's transitive downstream set one node at a time in Python
-    (``any(n in combined for n in downstream)``): the hot loop of a real model's lowering (py-spy,
-    SmolLM2-135M 8da8w: 36 % of the lowering in that generator, 48 % in the pair loop). The
-    replacement computes the same predicate with ``set.isdisjoint``. Only for the release it was
-    read from (``PATCHED_EXECUTORCH``); any other version lowers with its own code. The ``.pte``
-    written either way is the same to the byte (``tests/exporters/test_executorch_tiny.py``).
+    graph = gm.graph
+    holder = SimpleNamespace(graph=graph)
+    tools_common.legalize_graph(holder)  # type: ignore[arg-type]
+    by_name = {node.name: node for node in graph.nodes}
+    order = [by_name.get(node.name) for node in holder.graph.nodes]
+    if len(order) != len(by_name) or None in order:
+        return tools_common.legalize_graph(gm)
+    prev = graph._root
+    for node in order:
+        if prev.next is not node:
+            prev.append(node)
+        prev = node
+    return gm
+
+
+@contextlib.contextmanager
+def fast_lowering() -> Iterator[bool]:
+    """Lower with two of ExecuTorch 1.5.1's quadratic steps done in linear-time Python (yields
+    whether they are; any other release lowers with its own code).
+
+    py-spy on SmolLM2-135M's lowering (8da4w, 532 s): (1) the XNNPACK partitioner tries to merge
+    every pair of its partitions, and for each pair tests every external user's transitive
+    downstream set one node at a time (``any(n in combined for n in downstream)``): 48 % of the
+    lowering. ``_can_merge_partitions`` computes the same predicate with ``set.isdisjoint``.
+    (2) Cutting each of the ~480 partitions out of the graph re-sorts the whole graph into a new
+    one and recompiles its Python code (``legalize_graph``). ``_legalize_in_place`` gives the
+    nodes the same order in place, and the graph is recompiled once, after the last partition.
+    The ``.pte`` is the same to the byte (``tests/exporters/test_executorch_tiny.py``).
     """
     from importlib.metadata import version
 
-    from executorch.exir.backend.canonical_partitioners import group_partitioner
-
-    cls = group_partitioner.GroupBasedPartitioner
-    original = cls._can_merge_partitions
     if version("executorch") != PATCHED_EXECUTORCH:
         yield False
         return
+    from executorch.exir import lowered_backend_module
+    from executorch.exir.backend import backend_api
+    from executorch.exir.backend.canonical_partitioners import group_partitioner
+
+    cls = group_partitioner.GroupBasedPartitioner
+    merge, legalize = cls._can_merge_partitions, lowered_backend_module.legalize_graph
+    create = backend_api._create_partitions_in_graph_module
+
+    def create_then_recompile(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return create(gm, *args, **kwargs)
+        finally:
+            gm.recompile()
+
     cls._can_merge_partitions = _can_merge_partitions  # type: ignore[method-assign]
+    lowered_backend_module.legalize_graph = _legalize_in_place
+    backend_api._create_partitions_in_graph_module = create_then_recompile
     try:
         yield True
     finally:
-        cls._can_merge_partitions = original  # type: ignore[method-assign]
+        cls._can_merge_partitions = merge  # type: ignore[method-assign]
+        lowered_backend_module.legalize_graph = legalize
+        backend_api._create_partitions_in_graph_module = create
 
 
 def export_pte(
@@ -133,13 +173,13 @@ def export_pte(
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
     seq_len: int | None = None,
-    fast_merge: bool = True,
+    fast: bool = True,
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
     stage). ``model`` is not modified.
 
     ``seq_len`` None: T dynamic in [1, max_seq_len] (the contract); an int gives a static-T program.
-    ``fast_merge``: lower under ``fast_partition_merge`` (the same program, sooner).
+    ``fast``: lower under ``fast_lowering`` (the same program, sooner).
     """
     require_executorch()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -153,15 +193,15 @@ def export_pte(
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
-    merge = fast_partition_merge() if fast_merge else contextlib.nullcontext(False)
-    with stage(stages, "lower"), merge as patched:
+    lowering = fast_lowering() if fast else contextlib.nullcontext(False)
+    with stage(stages, "lower"), lowering as patched:
         edge = to_edge_transform_and_lower(
             ep,
             partitioner=[XnnpackPartitioner()],
             constant_methods=constant_methods(model, eos_ids, bundle_hash),
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
-    coverage = op_coverage(edge) | {"fast_partition_merge": patched}
+    coverage = op_coverage(edge) | {"fast_lowering": patched}
     log.info("%s: XNNPACK coverage %s", path.name, coverage)
     with stage(stages, "serialize"):
         write_bytes_atomic(path, edge.to_executorch().buffer)

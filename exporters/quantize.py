@@ -8,7 +8,8 @@ torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the 
   each group's own min..max grid (``Int4GroupLinear``: torchao's symmetric kernel plus a per-group
   constant), the lm_head at 8da8w.
 - ``8da8w``: int8 dynamic activations x int8 per-channel weights (torchao
-  ``Int8DynamicActivationIntxWeightConfig``) after SmoothQuant, down_proj kept fp32.
+  ``Int8DynamicActivationIntxWeightConfig``) after SmoothQuant; down_proj, o_proj and v_proj
+  stay fp32 (``QuantRecipe.fp32_linears``, measured in ``backends``).
 - ``int8w``: int8 per-channel weight-only linears (``Int8WeightOnlyLinear``: int8 weight,
   fp32 scale per output row, bias kept). A small file, not a fast one: ExecuTorch 1.5.1's XNNPACK
   partitioner takes an int8 weight only beside quantized activations (``gemm_configs``: a

@@ -18,13 +18,13 @@ SPEC = dataclasses.replace(get_preset("tiny-llama3-8b"), vocab_size=320)  # GQA
 PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
 
 
-def _export(tmp: Path, quant: str, fast_merge: bool = True) -> tuple[Transformer, Path, dict]:
+def _export(tmp: Path, quant: str, fast: bool = True) -> tuple[Transformer, Path, dict]:
     from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
 
     model = build_model(SPEC, seed=2, max_seq_len=32)
-    path = tmp / f"{quant}-{fast_merge}.pte"
+    path = tmp / f"{quant}-{fast}.pte"
     cov = export_pte(model, path, recipe=get_recipe("xnnpack", quant), eos_ids=(2, 7),
-                     bundle_hash="abc", fast_merge=fast_merge)  # fmt: skip
+                     bundle_hash="abc", fast=fast)  # fmt: skip
     return model, path, cov
 
 
@@ -46,10 +46,10 @@ def test_reloaded_pte_matches_eager_incl_rollback(fp32) -> None:
         verify_artifact(path, info, other, get_recipe("xnnpack", "fp32"), PROMPTS)
 
 
-def test_fast_partition_merge_writes_the_same_program(fp32, tmp_path: Path) -> None:
+def test_fast_lowering_writes_the_same_program(fp32, tmp_path: Path) -> None:
     _, fast, cov = fp32
-    _, slow, cov_slow = _export(tmp_path, "fp32", fast_merge=False)
-    assert cov["fast_partition_merge"] and not cov_slow["fast_partition_merge"]
+    _, slow, cov_slow = _export(tmp_path, "fp32", fast=False)
+    assert cov["fast_lowering"] and not cov_slow["fast_lowering"]
     assert cov["delegated_subgraphs"] == cov_slow["delegated_subgraphs"]
     assert fast.read_bytes() == slow.read_bytes()
 
@@ -86,3 +86,24 @@ def test_quantized_pte_within_recipe_tolerance(quant: str, tmp_path: Path, fp32)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert 0 < result["max_abs_logit_diff"] < get_recipe("xnnpack", quant).tolerance
     assert path.stat().st_size < fp32[1].stat().st_size
+
+
+def test_legalize_in_place_sorts_the_same_graph_without_recompiling(monkeypatch) -> None:
+    import torch
+    from omnidraft_deploy.exporters.executorch_xnnpack import _legalize_in_place
+
+    class Chain(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return ((x + 1) * 2).relu()
+
+    gm = torch.fx.symbolic_trace(Chain())
+    graph = gm.graph
+    add, mul = [n for n in graph.nodes if n.op == "call_function"][:2]
+    add.prepend(mul)  # mul before its input: not a valid order
+    with pytest.raises(RuntimeError, match="before it has been defined"):
+        graph.lint()
+    monkeypatch.setattr(type(gm), "recompile", lambda self: pytest.fail("recompiled"))
+    assert _legalize_in_place(gm) is gm and gm.graph is graph  # moved, not replaced
+    graph.lint()  # topological again
+    names = [n.name for n in graph.nodes]
+    assert names.index("add") < names.index("mul")

@@ -101,6 +101,7 @@ def test_recipes_name_the_lm_head_and_fp32_linears_per_module() -> None:
     assert linear_scheme(four, "model.layers.3.mlp.down_proj") == "8da4w"
     assert linear_scheme(four, "lm_head") == "8da8w"  # the head keeps 8 bits
     assert linear_scheme(eight, "model.layers.3.mlp.down_proj") == "none"  # SwiGLU outliers
+    assert linear_scheme(eight, "model.layers.3.self_attn.v_proj") == "none"
     assert linear_scheme(eight, "model.layers.3.mlp.up_proj") == "8da8w"
     assert linear_scheme(eight, "lm_head") == "8da8w"
     with pytest.raises(ValueError, match="unknown linear scheme 'int3'"):

@@ -24,29 +24,11 @@ from pathlib import Path
 import torch
 from omnidraft_deploy.exporters.calibration import calibration_ids, start_windows
 from omnidraft_deploy.exporters.verify import prompt_ids
-from torch import Tensor
 
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.load import load_model
-from omnidraft_deploy.reference.sink import SinkModel, sink_for
+from omnidraft_deploy.reference.sink import SinkModel, first_token_peak, sink_for
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
-
-
-def first_token_max(model: SinkModel, token_ids: list[int]) -> float:
-    """Max |x| of the residual stream (every layer's input and the final norm's) at the first
-    token after the sink."""
-    seen: list[Tensor] = []
-    inner = model.inner.model
-    norms = [layer.input_layernorm for layer in inner.layers] + [inner.norm]  # type: ignore[union-attr]
-    hooks = [n.register_forward_pre_hook(lambda _m, x: seen.append(x[0][0, 1].abs().max()))
-             for n in norms]  # fmt: skip
-    try:
-        with torch.no_grad():
-            model.forward_train(torch.tensor([token_ids]))
-    finally:
-        for h in hooks:
-            h.remove()
-    return float(torch.stack(seen).max())
 
 
 def main() -> None:
@@ -69,12 +51,12 @@ def main() -> None:
         "every distinct token of the calibration text": [[t] for t in sorted({t for p in calib for t in p})],
     }  # fmt: skip
     found = {
-        name: [(first_token_max(sinked, ids), tok.decode(ids)) for ids in firsts]
+        name: [(first_token_peak(sinked, ids), tok.decode(ids)) for ids in firsts]
         for name, firsts in groups.items()
     }
     lines = [f"# First-token activations after the sink: {args.model}", "",
              f"`benchmarks/first_token.py --model {args.model}`: fp32 eager model conditioned on "
-             f"its sink token {sinked.token}; residual-stream max |x| at the prompt's first token.",
+             f"its sink token {sinked.tokens[0]}; residual-stream max |x| at the prompt's first token.",
              "", "| first tokens | n | median | max | largest |", "|---|---|---|---|---|"]  # fmt: skip
     for name, vals in found.items():
         vals.sort(reverse=True)

@@ -62,7 +62,7 @@ from omnidraft_deploy.onnx_host import context_path, htp_session
 from omnidraft_deploy.parity import StepFn
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.rotate import rotated
-from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, sink_for
+from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, choose_sink, format_sink
 
 log = logging.getLogger(__name__)
 ROTATION_SEED = 0  # of the residual-stream rotation (recorded in the export's extras)
@@ -97,18 +97,20 @@ def export_qnn(
     extras: dict[str, Any] = {"seq_len": info.seq_len, "stages": {}}
     vocab = model.args.vocab_size
     calib = calibration_ids(info.tokenizer, vocab) if prompts is None else in_vocab(prompts, vocab)
-    src, token, grids = (rotated(model, ROTATION_SEED) if rotate else model), None, None
+    src, sink_ids, grids = (rotated(model, ROTATION_SEED) if rotate else model), None, None
     extras["rotation_seed"] = ROTATION_SEED if rotate else None
     if sink:
-        token = sink_for(model, info.tokenizer)
-        sinked_model = SinkModel(src, token, lp_norm=True)
+        with stage(extras["stages"], "sink"):
+            sink_ids, peaks = choose_sink(model, info.tokenizer, calib)
+        sinked_model = SinkModel(src, sink_ids, lp_norm=True)
         if gptq:
             with stage(extras["stages"], "gptq"):
                 grids = gptq_linears(sinked_model, calib)
         sinked_model.set_export(True)
         src = cast(Transformer, sinked_model)
-        extras["sink_token"] = token
-    graph = _QdqGraph(src, recipe, calib, grids, token, float_residual_stream, validate)
+        extras["sink_tokens"] = list(sink_ids)
+        extras["sink_first_token_peaks"] = {k: round(v, 1) for k, v in peaks.items()}
+    graph = _QdqGraph(src, recipe, calib, grids, sink_ids, float_residual_stream, validate)
     extras |= graph.write(path, info, extras["stages"])
     if info.decode_file is not None:
         extras["decode"] = {"seq_len": 1, "stages": {}}
@@ -125,7 +127,7 @@ class _QdqGraph:
     recipe: QuantRecipe
     calib: list[list[int]]
     grids: Grids | None
-    token: int | None
+    sink: tuple[int, ...] | None
     float_residual_stream: bool
     validate: bool
 
@@ -180,8 +182,8 @@ class _QdqGraph:
                 extras["gptq_channels"] = pin_grids(proto, onnx.load(str(fp32)), self.grids)
             extras["fp16_matmuls"] = fp16_activation_matmuls(proto)  # Q K^T, P V: not 16 x 16-bit
             set_metadata(proto, info)
-            if self.token is not None:
-                proto.metadata_props.add(key=SINK_KEY, value=str(self.token))
+            if self.sink is not None:
+                proto.metadata_props.add(key=SINK_KEY, value=format_sink(self.sink))
             if _initializer_bytes(proto) > WEIGHTS_LIMIT:
                 raise ValueError(f"{path.name}: the QDQ graph holds over 2 GiB of weights; the QNN "
                                  "backend writes one self-contained graph")  # fmt: skip

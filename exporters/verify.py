@@ -83,10 +83,10 @@ def reference_for(path: Path, eager: Transformer) -> Transformer:
         return eager
     import onnx
 
-    from omnidraft_deploy.reference.sink import SINK_KEY, sinked
+    from omnidraft_deploy.reference.sink import SINK_KEY, parse_sink, sinked
 
     meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
-    return sinked(eager, int(meta[SINK_KEY])) if SINK_KEY in meta else eager
+    return sinked(eager, parse_sink(meta[SINK_KEY])) if SINK_KEY in meta else eager
 
 
 def pte_constants(path: Path) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import cast
+from collections.abc import Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -62,6 +63,76 @@ def sink_for(model: Transformer, tokenizer: str) -> int:
     """The sink token a QNN graph of ``model`` is conditioned on (ids of test presets, whose
     vocabulary is cut, read modulo its size)."""
     return sink_token(tokenizer) % model.args.vocab_size
+
+
+# Second sink tokens tried (single tokens of the tokenizer), and by how much one must lower the
+# first token's peak activation to be kept
+SECOND_SINK_TEXTS = ("\n\n", "\n", ".", " ")
+SECOND_SINK_GAIN = 2.0
+
+
+@torch.no_grad()
+def first_token_peak(model: SinkModel, token_ids: Sequence[int]) -> float:
+    """Max |x| of the residual stream (every layer's input and the final norm's) at the first
+    token after ``model``'s sink, ``token_ids`` read as a prompt."""
+    seen: list[Tensor] = []
+    inner = model.inner.model
+    norms: list[Any] = [layer.input_layernorm for layer in inner.layers]  # type: ignore[union-attr]
+    norms.append(inner.norm)
+    at = model.n_sink
+    hooks = [n.register_forward_pre_hook(lambda _m, x: seen.append(x[0][0, at].abs().max()))
+             for n in norms]  # fmt: skip
+    try:
+        model.forward_train(torch.tensor([list(token_ids)]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return float(torch.stack(seen).max())
+
+
+def choose_sink(model: Transformer, tokenizer: str, prompts: Sequence[Sequence[int]],
+                n_tokens: int = 128) -> tuple[tuple[int, ...], dict[str, float]]:  # fmt: skip
+    """The sink a QNN graph of ``model`` is conditioned on: ``sink_for``'s token, and after it
+    the ``SECOND_SINK_TEXTS`` token that lowers the peak activation of the first prompt token
+    most, if by ``SECOND_SINK_GAIN`` or more (peaks over up to ``n_tokens`` distinct tokens of
+    ``prompts``, each read as a prompt's first token). Also returns the peaks measured.
+
+    Why: after Qwen2.5-0.5B's ``<|endoftext|>`` the prompt's first token grows massive
+    activations of its own (max 534 over held-out tokens, against ~100 elsewhere), which the
+    graph's uint16 ranges must then cover; a blank line after the sink takes them instead
+    (``"\n\n"``: 97), inside the fp32 prefix. SmolLM2-135M: 26,455 -> ~1,000.
+    """
+    first = sink_for(model, tokenizer)
+    distinct = sorted({t for p in prompts for t in p})[:n_tokens]
+    if not distinct:
+        return (first,), {}
+
+    def peak(sink: tuple[int, ...]) -> float:
+        sinked_model = SinkModel(model, sink)
+        return max(first_token_peak(sinked_model, [t]) for t in distinct)
+
+    peaks = {"one": peak((first,))}
+    best: tuple[tuple[int, ...], float] = ((first,), peaks["one"])
+    for text, second in _single_tokens(tokenizer, SECOND_SINK_TEXTS, model.args.vocab_size):
+        peaks[repr(text)] = p = peak((first, second))
+        if p < best[1]:
+            best = ((first, second), p)
+    chosen = best[0] if best[1] * SECOND_SINK_GAIN <= peaks["one"] else (first,)
+    log.info("sink %s: first-token peaks %s", chosen, {k: round(v) for k, v in peaks.items()})
+    return chosen, peaks
+
+
+def _single_tokens(tokenizer: str, texts: Sequence[str], vocab: int) -> list[tuple[str, int]]:
+    """``(text, id)`` for each of ``texts`` the tokenizer encodes as one in-vocabulary token."""
+    from omnidraft_deploy.assets import AssetError
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    try:
+        tok = load_tokenizer(tokenizer)
+    except (KeyError, AssetError):
+        return []
+    found = [(text, tok.encode(text)) for text in texts]
+    return [(text, ids[0]) for text, ids in found if len(ids) == 1 and ids[0] < vocab]
 
 
 class LpRMSNorm(nn.Module):
@@ -99,17 +170,21 @@ class SinkModel(nn.Module):
     the same function for the eager reference. ``lp_norm``: RMSNorms as ``LpRMSNorm`` (computed;
     ``set_export`` makes them the ONNX op for tracing)."""
 
-    def __init__(self, model: Transformer, token: int, *, lp_norm: bool = False) -> None:
+    def __init__(self, model: Transformer, tokens: int | Sequence[int], *,
+                 lp_norm: bool = False) -> None:  # fmt: skip
         super().__init__()
         a = model.args
         self.args: ModelArgs = a
-        inner = Transformer(ModelArgs(**{**vars(a), "max_seq_len": a.max_seq_len + 1}))
+        self.tokens = (tokens,) if isinstance(tokens, int) else tuple(tokens)
+        n = self.n_sink = len(self.tokens)
+        if not n:
+            raise ValueError("a sink needs at least one token")
+        inner = Transformer(ModelArgs(**{**vars(a), "max_seq_len": a.max_seq_len + n}))
         inner.load_state_dict(model.state_dict())
         self.inner = inner.eval().requires_grad_(False)
-        self.token = token
         with torch.no_grad():
-            empty = [torch.zeros(1, a.n_kv_heads, a.max_seq_len + 1, a.head_dim)] * (2 * a.n_layers)
-            _, *kv = inner.forward_explicit(torch.tensor([[token]]), torch.tensor([0]), *empty)
+            empty = [torch.zeros(1, a.n_kv_heads, a.max_seq_len + n, a.head_dim)] * (2 * a.n_layers)
+            _, *kv = inner.forward_explicit(torch.tensor([self.tokens]), torch.arange(n), *empty)
         for i, t in enumerate(kv):
             self.register_buffer(f"sink_{i}", t.contiguous(), persistent=False)
         if lp_norm:
@@ -128,23 +203,41 @@ class SinkModel(nn.Module):
     def forward_explicit(self, token_ids: Tensor, input_pos: Tensor, *caches: Tensor
                          ) -> tuple[Tensor, ...]:  # fmt: skip
         full = [torch.cat([s, c], dim=2) for s, c in zip(self.sink_kv(), caches, strict=True)]
-        return self.inner.forward_explicit(token_ids, input_pos + 1, *full)
+        return self.inner.forward_explicit(token_ids, input_pos + self.n_sink, *full)
 
     def forward(self, token_ids: Tensor, input_pos: Tensor) -> Tensor:
-        out: Tensor = self.inner(token_ids, input_pos + 1)
+        out: Tensor = self.inner(token_ids, input_pos + self.n_sink)
         return out
 
     def forward_train(self, token_ids: Tensor, *, last_only: bool = False) -> Tensor:
-        ids = torch.cat([torch.tensor([[self.token]]), token_ids], dim=1)
-        return self.inner.forward_train(ids, last_only=last_only)[:, 1:]
+        sink = torch.tensor([self.tokens]).expand(token_ids.shape[0], -1)
+        ids = torch.cat([sink, token_ids], dim=1)
+        return self.inner.forward_train(ids, last_only=last_only)[:, self.n_sink :]
 
     def reset_cache(self) -> None:
-        """Zero caches with the sink's K/V at slot 0 (the stateful ``forward`` attends to it)."""
+        """Zero caches with the sink's K/V in the first slots (the stateful ``forward`` attends to
+        them)."""
         self.inner.reset_cache()
         for cache, s in zip(self.inner._caches(), self.sink_kv(), strict=True):
-            cache[:, :, :1] = s
+            cache[:, :, : self.n_sink] = s
 
 
-def sinked(model: Transformer, token: int) -> Transformer:
+def sinked(model: Transformer, tokens: int | Sequence[int]) -> Transformer:
     """A ``SinkModel`` typed as the model it stands in for (same call styles and ``args``)."""
-    return cast(Transformer, SinkModel(model, token))
+    return cast(Transformer, SinkModel(model, tokens))
+
+
+def format_sink(tokens: Sequence[int]) -> str:
+    """The ``SINK_KEY`` metadata value: the sink's token ids, comma-separated."""
+    return ",".join(str(int(t)) for t in tokens)
+
+
+def parse_sink(value: str) -> tuple[int, ...]:
+    """``format_sink``'s inverse (a single id, as graphs of one sink token hold, included)."""
+    try:
+        tokens = tuple(int(t) for t in value.split(","))
+    except ValueError:
+        raise ValueError(f"sink metadata {value!r} is not comma-separated token ids") from None
+    if any(t < 0 for t in tokens):
+        raise ValueError(f"sink metadata {value!r} holds a negative token id")
+    return tokens

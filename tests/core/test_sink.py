@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
-from omnidraft_deploy.reference.sink import SinkModel
+from omnidraft_deploy.reference.sink import SinkModel, format_sink, parse_sink
 
 SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)
 IDS = torch.tensor([[3, 9, 27, 81, 5, 6, 40]])
@@ -19,12 +20,14 @@ def _model():  # type: ignore[no-untyped-def]
     return build_model(SPEC, seed=5, max_seq_len=32).requires_grad_(False)
 
 
-def test_every_call_style_is_the_model_after_the_sink_token() -> None:
+@pytest.mark.parametrize("tokens", [(7,), (7, 11)])
+def test_every_call_style_is_the_model_after_the_sink_tokens(tokens: tuple[int, ...]) -> None:
     from omnidraft_deploy.exporters.exportable import empty_caches
 
     model = _model()
-    sink = SinkModel(model, 7)
-    ref = model.forward_train(torch.cat([torch.tensor([[7]]), IDS], 1))[:, 1:]
+    sink = SinkModel(model, tokens)
+    n = len(tokens)
+    ref = model.forward_train(torch.cat([torch.tensor([tokens]), IDS], 1))[:, n:]
     torch.testing.assert_close(sink.forward_train(IDS), ref)
     caches = empty_caches(model)  # host caches: max_seq_len slots, the sink is not among them
     first = sink.forward_explicit(IDS[:, :4], torch.arange(4), *caches)
@@ -47,3 +50,12 @@ def test_lp_norm_form_is_rmsnorm_up_to_eps() -> None:
     plain, lp = SinkModel(model, 7), SinkModel(model, 7, lp_norm=True)
     a, b = plain.forward_train(IDS), lp.forward_train(IDS)
     assert float((a - b).abs().max()) < 1e-3 * float(a.abs().max())
+
+
+def test_sink_metadata_round_trips_and_rejects_garbage() -> None:
+    assert parse_sink(format_sink((151643, 271))) == (151643, 271)
+    assert parse_sink("2") == (2,)  # graphs written with one sink token
+    with pytest.raises(ValueError, match="not comma-separated token ids"):
+        parse_sink("2;271")
+    with pytest.raises(ValueError, match="negative"):
+        parse_sink("2,-1")

@@ -3,10 +3,13 @@
 Stages (each timed with its peak RSS in ``stages``): gptq -> trace -> calibrate -> quantize ->
 htp_compile.
 
-- The graph is the model conditioned on an attention-sink token (``reference.sink``): the
-  sink's K/V, computed in fp32, are graph constants in front of the host-held caches, so the
-  first token's massive activations (24k in SmolLM2-135M's residual stream, 40x anything else)
-  never reach the quantised graph; RMSNorm is one ``LpNormalization`` (no uint16 ``x^2``).
+- The graph is the model conditioned on an attention sink (``reference.sink``): its K/V,
+  computed in fp32, are graph constants in front of the host-held caches, so the first token's
+  massive activations (24k in SmolLM2-135M's residual stream, 40x anything else) never reach
+  the quantised graph. The sink is the BOS / EOS token and, where it halves the next token's
+  peak activation (measured at export, ``choose_sink``), a second token such as a blank line:
+  after Qwen2.5-0.5B's ``<|endoftext|>`` alone a prompt's first token still peaks at up to 534.
+  RMSNorm is one ``LpNormalization`` (no uint16 ``x^2``).
 - The residual stream is turned by a seeded orthogonal matrix folded into the weights
   (``reference.rotate``, QuaRot): the same function with its outlier channels spread, so the
   uint16 scales of the residual ``Add``s, norms and ``o_proj`` / ``down_proj`` outputs are finer.

@@ -7,10 +7,10 @@ tensor over that range is what left the all-integer SmolLM2 graph with top-1 0.0
 (Chen et al. 2024) moves such tokens into a fixed prefix whose KV cache is computed once in
 float, so the quantised model never sees them. Here:
 
-- ``SinkModel`` is the model conditioned on one fixed sink token (the tokenizer's BOS, else its
-  first EOS) at position 0: its K/V, computed in fp32 at export, are constants of the graph,
-  concatenated in front of the host-held caches; the tokens the host feeds sit at positions
-  ``1..``. The host contract (``graph_contract``) does not change: the host still writes this
+- ``SinkModel`` is the model conditioned on a fixed sink (the tokenizer's BOS, else its first
+  EOS, and optionally a second token: ``choose_sink``) at positions ``0..S-1``: its K/V,
+  computed in fp32 at export, are constants of the graph, concatenated in front of the
+  host-held caches; the tokens the host feeds sit at positions ``S..``. The host contract (``graph_contract``) does not change: the host still writes this
   chunk's entries at ``input_pos`` and steps positions from 0; only the function is the sinked
   model's (what its ``forward`` / ``forward_train`` compute, the eager reference of parity).
 - ``lp_norm=True`` writes each RMSNorm as ``LpNormalization(x) * sqrt(dim) * weight`` (the same

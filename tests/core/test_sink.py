@@ -59,3 +59,21 @@ def test_sink_metadata_round_trips_and_rejects_garbage() -> None:
         parse_sink("2;271")
     with pytest.raises(ValueError, match="negative"):
         parse_sink("2,-1")
+
+
+@pytest.mark.parametrize(("peaks", "keeps"), [({271: 60.0, 198: 40.0}, 198), ({271: 60.0}, None)])
+def test_choose_sink_keeps_a_second_token_only_where_it_halves_the_peak(
+    monkeypatch: pytest.MonkeyPatch, peaks: dict[int, float], keeps: int | None
+) -> None:
+    from omnidraft_deploy.reference import sink as sink_mod
+
+    model = _model()
+    first = sink_mod.sink_for(model, SPEC.tokenizer)
+
+    def peak(m: SinkModel, ids: list[int]) -> float:  # scripted: 100 after the sink alone
+        return 100.0 if m.tokens == (first,) else peaks.get(m.tokens[1], 90.0)
+
+    monkeypatch.setattr(sink_mod, "first_token_peak", peak)
+    chosen, measured = sink_mod.choose_sink(model, SPEC.tokenizer, [[3, 9, 27]])
+    assert chosen == ((first,) if keeps is None else (first, keeps))
+    assert measured["one"] == 100.0 and measured[repr("\n")] == peaks.get(198, 90.0)

@@ -107,10 +107,10 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # one row of one prompt, predicted by the plan's simulation; int8 gives 3.7 there)
         # (top-1 floor 0.6: the traced int4 graph of the random twins)
         QuantRecipe("int4", Backend.ONNX, 16.0, 0.6),
-        # sinked graph, rotated residual stream, LpNormalization, per-channel GPTQ'd Gemm weights,
-        # calibration on prompts and start windows (exporters.qnn), 12 prompts: SmolLM2-135M 11.4 /
-        # 0.965 (CPU run of the QDQ graph; simulated HTP 0.956), Qwen2.5-Coder-0.5B 7.1 / 0.972
-        # (HTP 0.944); a broken graph reads 52 / 0.04
+        # sinked graph (one or two sink tokens), rotated residual stream, LpNormalization,
+        # per-channel GPTQ'd Gemm weights, calibration on prompts and start windows (exporters.qnn),
+        # 12 prompts: SmolLM2-135M 8.8 / 0.974 (CPU run of the QDQ graph; simulated HTP 0.982),
+        # Qwen2.5-Coder-0.5B 12.1 / 0.966 (HTP 0.972); a broken graph reads 52 / 0.04
         # (top-1 floor 0.75: random toy graphs on the HTP read 0.795)
         QuantRecipe("qdq-a16w8", Backend.QNN, 16.0, 0.75),
         QuantRecipe("qdq-u8", Backend.QNN, 3.0, 0.5),

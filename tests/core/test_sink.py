@@ -77,3 +77,30 @@ def test_choose_sink_keeps_a_second_token_only_where_it_halves_the_peak(
     chosen, measured = sink_mod.choose_sink(model, SPEC.tokenizer, [[3, 9, 27]])
     assert chosen == ((first,) if keeps is None else (first, keeps))
     assert measured["one"] == 100.0 and measured[repr("\n")] == peaks.get(198, 90.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_choose_sink_stopping_early_chooses_what_reading_everything_would(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    from omnidraft_deploy.reference import sink as sink_mod
+
+    model = _model()
+    first = sink_mod.sink_for(model, SPEC.tokenizer)
+    tokens = list(range(3, 40))
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.rand(6, 64, generator=gen) * 100  # row 0: the sink alone; 1..: candidates
+    rows = {(first,): 0} | {(first, t): k for k, t in enumerate((271, 198, 13, 220), 1)}
+    calls = []
+
+    def peak(m: SinkModel, ids: list[int]) -> float:
+        calls.append(1)
+        return float(table[rows[m.tokens], ids[0]])
+
+    monkeypatch.setattr(sink_mod, "first_token_peak", peak)
+    chosen, _ = sink_mod.choose_sink(model, SPEC.tokenizer, [tokens])
+    exhaustive = {sink: float(table[r, tokens].max()) for sink, r in rows.items()}
+    best = min(exhaustive, key=exhaustive.__getitem__)
+    gain = exhaustive[best] * sink_mod.SECOND_SINK_GAIN <= exhaustive[(first,)]
+    assert chosen == (best if gain else (first,))
+    assert len(calls) < 5 * len(tokens)  # losers stop early

@@ -79,7 +79,7 @@ def linear_scheme(recipe: QuantRecipe, name: str) -> str:
     kind = name.rsplit(".", 1)[-1]
     if kind in recipe.fp32_linears:
         return "none"
-    return recipe.head or recipe.linear if kind == "lm_head" else recipe.linear
+    return (recipe.head or recipe.linear) if kind == "lm_head" else recipe.linear
 
 
 def quantize_linear(linear: nn.Linear, scheme: str, recipe: QuantRecipe) -> nn.Module:

@@ -10,9 +10,10 @@ float, so the quantised model never sees them. Here:
 - ``SinkModel`` is the model conditioned on a fixed sink (the tokenizer's BOS, else its first
   EOS, and optionally a second token: ``choose_sink``) at positions ``0..S-1``: its K/V,
   computed in fp32 at export, are constants of the graph, concatenated in front of the
-  host-held caches; the tokens the host feeds sit at positions ``S..``. The host contract (``graph_contract``) does not change: the host still writes this
-  chunk's entries at ``input_pos`` and steps positions from 0; only the function is the sinked
-  model's (what its ``forward`` / ``forward_train`` compute, the eager reference of parity).
+  host-held caches; the tokens the host feeds sit at positions ``S..``. The host contract
+  (``graph_contract``) does not change: the host still writes this chunk's entries at
+  ``input_pos`` and steps positions from 0; only the function is the sinked model's (what its
+  ``forward`` / ``forward_train`` compute, the eager reference of parity).
 - ``lp_norm=True`` writes each RMSNorm as ``LpNormalization(x) * sqrt(dim) * weight`` (the same
   function up to RMSNorm's eps, which real hidden states dwarf): one HTP op instead of the
   decomposed ``x^2 -> mean -> sqrt -> div``, whose uint16 ``x^2`` rounds ordinary tokens.
@@ -103,7 +104,7 @@ def choose_sink(model: Transformer, tokenizer: str, prompts: Sequence[Sequence[i
     activations of its own (max 534 over held-out tokens, against ~100 elsewhere), which the
     graph's uint16 ranges must then cover; a blank line after the sink takes them instead
     (``"\n\n"``: 97), inside the fp32 prefix. SmolLM2-135M (all 417 distinct tokens of its
-    calibration text): 26,455 (p99 20,221) -> 999 with ``"\n"``; the 128 lowest ids alone read
+    calibration text): 26,455 (p99 20,221) -> 894 with ``"."``; the 128 lowest ids alone read
     802 and would have kept one token.
     """
     first = sink_for(model, tokenizer)

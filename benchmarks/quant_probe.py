@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/quant_probe.py --study int4     # which linears int4 can touch
     .venv/bin/python benchmarks/quant_probe.py --study a16      # what uint16 activations break
     .venv/bin/python benchmarks/quant_probe.py --study xnnpack  # 8da8w / 8da4w in eager
+    .venv/bin/python benchmarks/quant_probe.py --study xnnpack8 --model qwen2.5-0.5b  # 8da8w fp32 set
     .venv/bin/python benchmarks/quant_probe.py --study w8a8     # per-row int8 activations
 
 Teacher-forced top-1 agreement with the fp32 eager model over the shipped prompts (first 24
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_prompts
+from omnidraft_deploy.exporters.calibration import calibration_ids, calibration_prompts
 from omnidraft_deploy.exporters.int4_plan import int8_blocks
 from omnidraft_deploy.exporters.onnx_fused import int4_rtn
 from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
@@ -140,6 +141,40 @@ def xnnpack_rows(
             for name in ("8da8w", "8da4w") for m in (model, turned)]  # fmt: skip
 
 
+def xnnpack8_rows(
+    model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str
+) -> list[str]:
+    """8da8w with SmoothQuant: which linears to leave in fp32 and which alpha, as max |logit diff|
+    / top-1 on held-out text (how the recipe is chosen) and on the verification prompts."""
+    import dataclasses
+
+    from omnidraft_deploy.exporters.int4_plan import compare, logits
+    from omnidraft_deploy.exporters.quantize import get_recipe, quantize_eager
+    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
+
+    vocab = model.args.vocab_size  # type: ignore[union-attr]
+    held = calibration_ids(tok, vocab, 64)
+    held_ref = logits(model, held)
+    stats = activation_absmax(model, calibration_ids(tok, vocab, 128))  # type: ignore[arg-type]
+    down_ov = ("down_proj", "o_proj", "v_proj")
+    n_held, rows = sum(map(len, held)), []
+    for label, alpha, fp32 in (
+        ("down, o, v fp32 (alpha 0.5)", 0.5, down_ov),
+        ("down, o, v, q, k fp32 (the recipe)", 0.5, (*down_ov, "q_proj", "k_proj")),
+        ("down, o, v and lm_head fp32", 0.5, (*down_ov, "lm_head")),
+        ("down, o, v fp32, alpha 0.7", 0.7, down_ov),
+        ("down, o, v fp32, alpha 0.3", 0.3, down_ov),
+        ("down, o, v, gate, up fp32", 0.5, (*down_ov, "gate_proj", "up_proj")),
+    ):
+        recipe = dataclasses.replace(get_recipe("xnnpack", "8da8w"), fp32_linears=fp32)
+        m = quantize_eager(smoothed(model, stats, alpha), recipe)  # type: ignore[arg-type]
+        t_h, d_h = compare(logits(m, held), held_ref)
+        t_v, d_v = compare(logits(m, prompts), ref)
+        rows.append(f"| {label} | {t_v:.3f} (max diff {d_v:.2f}); held-out text ({n_held} rows): "
+                    f"{t_h:.3f} (max diff {d_h:.2f}) |")  # fmt: skip
+    return rows
+
+
 class RowInt8Linear(nn.Module):
     """What ``onnx_fused.GraphWriter.linear_rows`` computes: int8 weights per output row x int8
     activations with one symmetric scale per token, dequantised (fp32 products)."""
@@ -180,7 +215,9 @@ def w8a8_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--study", choices=["int4", "a16", "xnnpack", "w8a8"], required=True)
+    ap.add_argument(
+        "--study", choices=["int4", "a16", "xnnpack", "xnnpack8", "w8a8"], required=True
+    )
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -189,9 +226,8 @@ def main() -> None:
     prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=12, limit=24)
     with torch.no_grad():
         ref = [model.forward_train(torch.tensor([p]))[0] for p in prompts]
-    study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows, "w8a8": w8a8_rows}[
-        args.study
-    ]
+    study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows,
+             "xnnpack8": xnnpack8_rows, "w8a8": w8a8_rows}[args.study]  # fmt: skip
     lines = [f"# Quantisation probe: {args.study}, {args.model}", "",
              f"`benchmarks/quant_probe.py --study {args.study}`; teacher-forced top-1 vs fp32 "
              f"eager, {len(prompts)} shipped prompts, {sum(map(len, prompts))} rows.", "",

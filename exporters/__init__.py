@@ -14,6 +14,7 @@ imported (one import line at the bottom of this file). ``get_exporter`` fails lo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,21 @@ def export_xnnpack(
         from omnidraft_deploy.exporters.smoothquant import smoothed_on_text
 
         model = smoothed_on_text(model, info.tokenizer, info.file)
-    coverage = export_pte(
-        model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids, bundle_hash=bundle_hash
-    )
-    return info, {"stages": coverage.pop("stages"), "op_coverage": coverage}
+    extras: dict[str, Any] = {}
+    bits = None
+    if recipe.int4_plan:  # which 8da4w linears keep 8 bits, measured in XNNPACK's numerics
+        from omnidraft_deploy.exporters.int4_plan import module_bits, plan_on_text
+
+        t0 = time.perf_counter()
+        plan = plan_on_text(model, info.tokenizer, info.file, recipe.group_size,
+                            recipe.tolerance, backend="xnnpack")  # fmt: skip
+        bits = None if plan is None else module_bits(model, plan)
+        extras["int4_plan"] = {"seconds": round(time.perf_counter() - t0, 2)} | (
+            {} if plan is None else
+            {"int4": sum(b == 4 for b in plan.values()), "matmuls": len(plan)})  # fmt: skip
+    coverage = export_pte(model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids,
+                          bundle_hash=bundle_hash, bits=bits)  # fmt: skip
+    return info, extras | {"stages": coverage.pop("stages"), "op_coverage": coverage}
 
 
 @register("onnx")

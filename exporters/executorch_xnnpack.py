@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -174,12 +174,14 @@ def export_pte(
     bundle_hash: str = "",
     seq_len: int | None = None,
     fast: bool = True,
+    bits: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
     stage). ``model`` is not modified.
 
     ``seq_len`` None: T dynamic in [1, max_seq_len] (the contract); an int gives a static-T program.
     ``fast``: lower under ``fast_lowering`` (the same program, sooner).
+    ``bits``: an 8da4w recipe's plan (module path -> 4 or 8, ``quantize.quantize_eager``).
     """
     require_executorch()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -188,7 +190,7 @@ def export_pte(
     stages: dict[str, Any] = {}
     model = model.eval().requires_grad_(False)
     with stage(stages, "quantize"):  # a copy unless fp32
-        quantized = quantize_eager(model, recipe)
+        quantized = quantize_eager(model, recipe, bits)
     ids, pos = example_inputs(model.args, seq_len or 2)
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)
     with stage(stages, "torch_export"), torch.no_grad():

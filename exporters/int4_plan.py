@@ -23,10 +23,11 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 
 import torch
-from omnidraft_deploy.exporters.calibration import input_stats
+from omnidraft_deploy.exporters.calibration import calibration_ids, input_stats
 from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
 from omnidraft_deploy.exporters.quantize import swap_modules
 from torch import Tensor, nn
@@ -99,13 +100,46 @@ def int4_parts(w: Tensor, block: int) -> tuple[Tensor, Tensor]:
     return ((codes - 8) * step).view(n, -1)[:, :k], (const * expand).view(n, -1)[:, :k]
 
 
-class SimLinear(nn.Module):
-    """A quantised graph matmul in eager: ``int8(x) @ centred.T + x @ constant.T (+ bias)``, the
-    input rounded to int8 per block of ``block`` as MatMulNBits' ``accuracy_level=4`` does."""
+def round_blocks(x: Tensor, block: int) -> Tensor:
+    """``x`` rounded to int8 per block of ``block`` inputs (symmetric), as MatMulNBits'
+    ``accuracy_level=4`` computes."""
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    scale = xb.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127.0
+    return (torch.round(xb / scale) * scale).reshape(x.shape)
 
-    def __init__(self, linear: nn.Linear, block: int) -> None:
+
+def round_tokens(x: Tensor, _block: int = 0) -> Tensor:
+    """``x`` rounded to int8 per token (row), asymmetric over a range holding 0: XNNPACK's
+    dynamically quantised activations (``qd8``, torchao's per-token int8)."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0.0)
+    hi = x.amax(-1, keepdim=True).clamp(min=0.0)
+    scale = ((hi - lo) / 255.0).clamp(min=1e-10)
+    zero = torch.round(-lo / scale) - 128.0
+    return (torch.clamp(torch.round(x / scale) + zero, -128, 127) - zero) * scale
+
+
+def int8_rows(w: Tensor, _block: int = 0) -> Tensor:
+    """``w (N, K)`` on XNNPACK 8da8w's grid, dequantised: torchao's symmetric int8 per output
+    channel (scale ``amax / 127.5``, codes in [-128, 127])."""
+    scale = (w.abs().amax(-1, keepdim=True) / 127.5).clamp(min=1e-10)
+    return torch.clamp(torch.round(w / scale), -128, 127) * scale
+
+
+# backend -> (how a matmul's input is rounded, an 8-bit weight's grid); int4 is the same grid
+NUMERICS: dict[str, tuple[Callable[[Tensor, int], Tensor], Callable[[Tensor, int], Tensor]]] = {
+    "onnx": (round_blocks, int8_blocks),  # MatMulNBits, accuracy_level=4
+    "xnnpack": (round_tokens, int8_rows),  # 8da4w / 8da8w linears (int8 per-token activations)
+}
+
+
+class SimLinear(nn.Module):
+    """A quantised graph matmul in eager: ``round(x) @ centred.T + x @ constant.T (+ bias)``,
+    the input rounded as the backend's kernel does (``NUMERICS``)."""
+
+    def __init__(self, linear: nn.Linear, block: int,
+                 rounding: Callable[[Tensor, int], Tensor] = round_blocks) -> None:  # fmt: skip
         super().__init__()
-        self.block, self.bias = block, linear.bias
+        self.block, self.bias, self.rounding = block, linear.bias, rounding
         self.weight = linear.weight.detach().float()  # replaced by ``set``
         self.constant: Tensor | None = None
 
@@ -113,9 +147,7 @@ class SimLinear(nn.Module):
         self.weight, self.constant = centred, constant
 
     def forward(self, x: Tensor) -> Tensor:
-        xb = x.reshape(*x.shape[:-1], x.shape[-1] // self.block, self.block)
-        scale = xb.abs().amax(-1, keepdim=True).clamp(min=1e-10) / 127.0
-        y = nn.functional.linear((torch.round(xb / scale) * scale).reshape(x.shape), self.weight)
+        y = nn.functional.linear(self.rounding(x, self.block), self.weight)
         if self.constant is not None:
             y = y + nn.functional.linear(x, self.constant)
         return y if self.bias is None else y + self.bias
@@ -126,23 +158,25 @@ class Simulator:
 
     Holds one working copy of ``model`` (its linears as ``SimLinear``, the lm_head untied, at
     int8) and both quantised versions of every body weight, so each candidate plan is a swap of
-    tensors, not of models."""
+    tensors, not of models. ``backend`` picks the ``NUMERICS`` (activation rounding, 8-bit grid).
+    """
 
-    def __init__(self, model: Transformer, block: int) -> None:
+    def __init__(self, model: Transformer, block: int, backend: str = "onnx") -> None:
         if model.args.dim % block or model.args.intermediate_size % block:
             raise ValueError(f"int4 plan: dims {model.args.dim}/{model.args.intermediate_size} "
                              f"are not multiples of the block {block}")  # fmt: skip
+        rounding, int8 = NUMERICS[backend]
         self.work = copy.deepcopy(model).eval().requires_grad_(False)
-        swap_modules(self.work, nn.Linear, lambda m: SimLinear(m, block))
+        swap_modules(self.work, nn.Linear, lambda m: SimLinear(m, block, rounding))
         head = self.work.lm_head
         assert isinstance(head, SimLinear)
-        head.set(int8_blocks(_weight(head), block), None)
+        head.set(int8(_weight(head), block), None)
         self.options: dict[str, dict[int, list[tuple[Tensor, Tensor | None]]]] = {}
         for name, linears in fused_linears(self.work):
             weights = [_weight(m) for m in linears]
             self.options[name] = {
                 4: [int4_parts(w, block) for w in weights],
-                8: [(int8_blocks(w, block), None) for w in weights],
+                8: [(int8(w, block), None) for w in weights],
             }
 
     def score(self, int4: set[str], prompts: list[list[int]], ref: list[Tensor]
@@ -180,17 +214,22 @@ def longest_prefix(ranked: list[str], accept: Callable[[set[str]], bool]) -> int
 
 
 def plan(
-    model: Transformer, prompts: list[list[int]], block: int = 32, max_diff: float = math.inf
+    model: Transformer,
+    prompts: list[list[int]],
+    block: int = 32,
+    max_diff: float = math.inf,
+    backend: str = "onnx",
 ) -> dict[str, int]:
     """Bits (4 or 8) of every fused body matmul: the longest prefix of the ``relative_errors``
-    ranking at int4 whose simulated top-1 stays within ``MAX_TOP1_LOSS`` of all-int8 and whose
-    max |logit diff| stays within ``DIFF_SHARE`` of ``max_diff`` (the recipe's tolerance)."""
+    ranking at int4 whose simulated top-1 (``backend``'s numerics) stays within ``MAX_TOP1_LOSS``
+    of all-int8 and whose max |logit diff| stays within ``DIFF_SHARE`` of ``max_diff`` (the
+    recipe's tolerance)."""
     if not prompts:
         raise ValueError("int4 plan: calibration needs at least one prompt")
     errors = relative_errors(model, prompts, block)
     ranked = sorted(errors, key=errors.__getitem__)
     ref = logits(model, prompts)
-    sim = Simulator(model, block)
+    sim = Simulator(model, block, backend)
     floor = sim.score(set(), prompts, ref)[0] - MAX_TOP1_LOSS
 
     def accept(int4: set[str]) -> bool:
@@ -203,3 +242,33 @@ def plan(
              errors[ranked[n - 1]] if n else float("nan"))  # fmt: skip
     chosen = set(ranked[:n])
     return {name: 4 if name in chosen else 8 for name in ranked}
+
+
+def plan_on_text(
+    model: Transformer,
+    tokenizer: str,
+    label: str,
+    block: int,
+    max_diff: float,
+    backend: str = "onnx",
+) -> dict[str, int] | None:
+    """``plan`` on real text in ``tokenizer`` held out from the verification prompts
+    (``calibration_ids``); None (every matmul at int4) where the dims are not whole blocks (the
+    simulation reshapes inputs into blocks). ``label`` names the graph in the log."""
+    if model.args.dim % block or model.args.intermediate_size % block:
+        log.warning("%s: dims not multiples of %d; every body matmul at int4", label, block)
+        return None
+    t0 = time.perf_counter()
+    prompts = calibration_ids(tokenizer, model.args.vocab_size, min(64, model.args.max_seq_len))
+    chosen = plan(model, prompts, block, max_diff, backend)
+    log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", label,
+             sum(b == 4 for b in chosen.values()), len(chosen), time.perf_counter() - t0)  # fmt: skip
+    return chosen
+
+
+def module_bits(model: Transformer, chosen: dict[str, int]) -> dict[str, int]:
+    """``plan``'s bits per eager linear, keyed by module path (``model.named_modules``): every
+    part of a fused matmul (q, k, v of ``qkv_proj``) takes the fused matmul's bits."""
+    paths = {id(m): name for name, m in model.named_modules()}
+    return {paths[id(m)]: chosen[fused] for fused, linears in fused_linears(model)
+            for m in linears if fused in chosen}  # fmt: skip

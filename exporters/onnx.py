@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids
 from omnidraft_deploy.exporters.exportable import (
     ExplicitCacheExportable,
     dynamic_shapes_explicit,
@@ -168,7 +167,9 @@ def _export_fused(
     if recipe is not None and recipe.smooth:
         model = smoothed_on_text(model, info.tokenizer, info.file)
     elif name == "int4" and recipe is not None:
-        plan = _int4_plan(model, info, recipe)
+        from omnidraft_deploy.exporters.int4_plan import plan_on_text
+
+        plan = plan_on_text(model, info.tokenizer, info.file, recipe.group_size, recipe.tolerance)
     big = weight_bytes(model, recipe, plan) > WEIGHTS_LIMIT
     data_name = f"{path.name}.data"
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
@@ -190,25 +191,6 @@ def _export_fused(
         path.name, name, t1 - t0, time.perf_counter() - t1, "external" if big else "inline",
     )  # fmt: skip
     return path
-
-
-def _int4_plan(model: Transformer, info: GraphInfo, recipe: QuantRecipe) -> dict[str, int] | None:
-    """Which body matmuls of an int4 graph stay at 8 bits (``exporters.int4_plan``); None (all
-    int4) where the dims are not whole blocks (the simulation reshapes inputs into blocks)."""
-    from omnidraft_deploy.exporters import int4_plan
-
-    block = recipe.group_size
-    if model.args.dim % block or model.args.intermediate_size % block:
-        log.warning("%s: dims not multiples of %d; every body matmul at int4", info.file, block)
-        return None
-    t0 = time.perf_counter()
-    prompts = calibration_ids(
-        info.tokenizer, model.args.vocab_size, min(64, model.args.max_seq_len)
-    )
-    plan = int4_plan.plan(model, prompts, block, recipe.tolerance)
-    log.info("%s: int4 plan (%d of %d matmuls at int4) chosen in %.1f s", info.file,
-             sum(b == 4 for b in plan.values()), len(plan), time.perf_counter() - t0)  # fmt: skip
-    return plan
 
 
 def set_metadata(proto: Any, info: GraphInfo, bundle_hash: str = "") -> None:

@@ -33,6 +33,7 @@ top-1 agreement against eager fp32 on the verification prompts; they go into the
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,15 @@ from omnidraft_deploy.backends import recipe_names as recipe_names
 from omnidraft_deploy.graph_contract import LOGITS
 
 
-def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
+def quantize_eager(
+    model: nn.Module, recipe: QuantRecipe, bits: Mapping[str, int] | None = None
+) -> nn.Module:
     """Apply an XNNPACK recipe to a deep copy of ``model`` (the original stays the fp32 reference).
 
     Each ``nn.Linear`` gets the recipe's scheme (``linear_scheme``: the lm_head may have its own,
-    kinds in ``fp32_linears`` stay fp32). Returns ``model`` itself for fp32. Needs ``torchao`` and
-    ``executorch`` (quantized kernels).
+    kinds in ``fp32_linears`` stay fp32, an 8da4w linear that ``bits`` (module path -> 4 or 8, an
+    ``int4_plan``) keeps at 8 bits is 8da8w). Returns ``model`` itself for fp32. Needs ``torchao``
+    and ``executorch`` (quantized kernels).
     """
     if recipe.backend is not Backend.XNNPACK:
         raise ValueError(f"{recipe.backend}/{recipe.name} is not an eager (xnnpack) recipe")
@@ -67,19 +71,20 @@ def quantize_eager(model: nn.Module, recipe: QuantRecipe) -> nn.Module:
 
         swap_modules(model, nn.Embedding, Int8Embedding.from_float)
     for name, linear in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]:
-        scheme = linear_scheme(recipe, name)
+        scheme = linear_scheme(recipe, name, bits)
         if scheme != "none":
             owner, _, attr = name.rpartition(".")
             setattr(model.get_submodule(owner), attr, quantize_linear(linear, scheme, recipe))
     return model
 
 
-def linear_scheme(recipe: QuantRecipe, name: str) -> str:
-    """The scheme of the linear at module path ``name`` under ``recipe``."""
+def linear_scheme(recipe: QuantRecipe, name: str, bits: Mapping[str, int] | None = None) -> str:
+    """The scheme of the linear at module path ``name`` under ``recipe`` (and a plan's ``bits``)."""
     kind = name.rsplit(".", 1)[-1]
     if kind in recipe.fp32_linears:
         return "none"
-    return (recipe.head or recipe.linear) if kind == "lm_head" else recipe.linear
+    scheme = (recipe.head or recipe.linear) if kind == "lm_head" else recipe.linear
+    return "8da8w" if scheme == "8da4w" and (bits or {}).get(name) == 8 else scheme
 
 
 def quantize_linear(linear: nn.Linear, scheme: str, recipe: QuantRecipe) -> nn.Module:

@@ -4,6 +4,7 @@ are the graph's."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -88,3 +89,48 @@ def test_simulation_computes_what_the_onnx_graph_computes(tmp_path: Path) -> Non
     quant_error = float((onnx_logits - eager).abs().max())
     assert quant_error > 1e-3  # the graph is quantised ...
     assert float((onnx_logits - sim_logits).abs().max()) < 0.1 * quant_error  # ... as simulated
+
+
+def test_xnnpack_numerics_compute_what_the_eager_8da_linears_compute() -> None:
+    """The plan's XNNPACK simulation (per-token int8 activations; int4 groups, or int8 per
+    channel) against the eager modules the .pte is exported from (torchao's 8da8w,
+    ``Int4GroupLinear``)."""
+    from omnidraft_deploy.exporters.quantize import Int4GroupLinear, torchao_8da
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 48)
+    x = torch.randn(5, 128) * torch.linspace(0.1, 3.0, 128)  # uneven channels, as real ones
+    rounding, int8 = int4_plan.NUMERICS["xnnpack"]
+    sim = int4_plan.SimLinear(linear, 32, rounding)
+    with torch.no_grad():
+        exact = linear(x)
+        sim.set(*int4_plan.int4_parts(linear.weight.detach(), 32))
+        int4_sim, int4_eager = sim(x), Int4GroupLinear.from_float(linear, 32)(x)
+        sim.set(int8(linear.weight.detach(), 32), None)
+        int8_sim, int8_eager = sim(x), torchao_8da(copy.deepcopy(linear), bits=8)(x)
+    for simulated, eager in ((int4_sim, int4_eager), (int8_sim, int8_eager)):
+        error = float((eager - exact).abs().max())
+        assert error > 1e-3  # quantised ...
+        # ... as simulated (int4: to float rounding; int8: 8 % of the error, ties rounded apart)
+        assert float((simulated - eager).abs().max()) < 0.15 * error
+
+
+def test_module_bits_give_every_part_of_a_fused_matmul_its_bits() -> None:
+    from omnidraft_deploy.exporters.quantize import Int4GroupLinear, linear_scheme, quantize_eager
+
+    model = _model()
+    plan = {
+        name: 8 if name.endswith("qkv_proj") else 4 for name, _ in int4_plan.fused_linears(model)
+    }
+    bits = int4_plan.module_bits(model, plan)
+    assert len(bits) == 7 * SPEC.n_layers  # q, k, v, o, gate, up, down per layer
+    assert bits["model.layers.0.self_attn.k_proj"] == 8
+    assert bits["model.layers.0.mlp.down_proj"] == 4
+    recipe = get_recipe("xnnpack", "8da4w")
+    assert linear_scheme(recipe, "model.layers.0.self_attn.k_proj", bits) == "8da8w"
+    assert linear_scheme(recipe, "model.layers.0.mlp.down_proj", bits) == "8da4w"
+    assert linear_scheme(recipe, "lm_head", bits) == "8da8w"  # the recipe's head
+    quantized = quantize_eager(model, recipe, bits)
+    layer = quantized.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Int4GroupLinear)
+    assert not isinstance(layer.self_attn.k_proj, Int4GroupLinear)

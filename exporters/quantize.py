@@ -121,7 +121,7 @@ class Int4GroupLinear(nn.Module):
 
     XNNPACK's blockwise int4 GEMM (int8 per-token activations, ``qb4w``) takes symmetric groups
     only: a scale per group, no zero point. Round-to-nearest on that grid loses most of a small
-    model (SmolLM2-135M: teacher-forced top-1 0.478), and a model published as GGUF Q4_1 / Q4_K
+    model (SmolLM2-135M: teacher-forced top-1 0.478), and a model published as GGUF Q4_1
     is on an asymmetric grid already (``onnx_fused.int4_grid``: 16 levels from min to max per
     block), which the symmetric grid cannot hold. Here each group of ``block`` inputs keeps its
     own grid exactly: the codes centred on 8 go to XNNPACK's kernel with the step as scale, and

@@ -97,7 +97,7 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # 8da8w: SmoothQuant; down_proj (SwiGLU's outlier channels) and attention's linears in fp32.
         # Max |diff| / top-1 in eager on held-out text: SmolLM2-135M (579 rows), down + o + v in
         # fp32 2.28 / 0.955 (down_proj alone 4.89, down + v 6.48, all int8 8.05); Qwen2.5-0.5B (886
-        # rows), down + o + v 2.16 / 0.981, and q + k too 1.34 / 0.977 (its .pte with down + o + v:
+        # rows), down + o + v 2.99 / 0.980, and q + k too 1.08 / 0.981 (its .pte with down + o + v:
         # 3.28 on the verification prompts, over 3.0); lm_head fp32 or alpha 0.3 / 0.7 did not help
         _x("8da8w", 3.0, 0.8, "8da8w", smooth=True, fp32_linears=_FP32_8DA8W),
         # int8w: small and accurate (SmolLM2-135M 2.36 / 0.938) but slow: XNNPACK does not take

@@ -79,7 +79,7 @@ def export_xnnpack(
 
         t0 = time.perf_counter()
         plan = plan_on_text(model, info.tokenizer, info.file, recipe.group_size,
-                            recipe.tolerance, backend="xnnpack")  # fmt: skip
+                            recipe.tolerance, recipe.backend)  # fmt: skip
         bits = None if plan is None else module_bits(model, plan)
         extras["int4_plan"] = {"seconds": round(time.perf_counter() - t0, 2)} | (
             {} if plan is None else

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import torch
 from omnidraft_deploy.exporters.calibration import calibration_ids, input_stats
 from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
-from omnidraft_deploy.exporters.quantize import swap_modules
+from omnidraft_deploy.exporters.quantize import Backend, swap_modules
 from torch import Tensor, nn
 
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
@@ -127,9 +127,12 @@ def int8_rows(w: Tensor, _block: int = 0) -> Tensor:
 
 
 # backend -> (how a matmul's input is rounded, an 8-bit weight's grid); int4 is the same grid
-NUMERICS: dict[str, tuple[Callable[[Tensor, int], Tensor], Callable[[Tensor, int], Tensor]]] = {
-    "onnx": (round_blocks, int8_blocks),  # MatMulNBits, accuracy_level=4
-    "xnnpack": (round_tokens, int8_rows),  # 8da4w / 8da8w linears (int8 per-token activations)
+NUMERICS: dict[Backend, tuple[Callable[[Tensor, int], Tensor], Callable[[Tensor, int], Tensor]]] = {
+    Backend.ONNX: (round_blocks, int8_blocks),  # MatMulNBits, accuracy_level=4
+    Backend.XNNPACK: (
+        round_tokens,
+        int8_rows,
+    ),  # 8da4w / 8da8w linears (int8 per-token activations)
 }
 
 
@@ -162,7 +165,7 @@ class Simulator:
     tensors, not of models. ``backend`` picks the ``NUMERICS`` (activation rounding, 8-bit grid).
     """
 
-    def __init__(self, model: Transformer, block: int, backend: str = "onnx") -> None:
+    def __init__(self, model: Transformer, block: int, backend: Backend = Backend.ONNX) -> None:
         if model.args.dim % block or model.args.intermediate_size % block:
             raise ValueError(f"int4 plan: dims {model.args.dim}/{model.args.intermediate_size} "
                              f"are not multiples of the block {block}")  # fmt: skip
@@ -219,7 +222,7 @@ def plan(
     prompts: list[list[int]],
     block: int = 32,
     max_diff: float = math.inf,
-    backend: str = "onnx",
+    backend: Backend = Backend.ONNX,
 ) -> dict[str, int]:
     """Bits (4 or 8) of every fused body matmul. A matmul whose weights are on their int4 grid
     already (``relative_errors`` <= ``EXACT``: a GGUF Q4_1 layer) is int4: 8 bits could only
@@ -258,7 +261,7 @@ def plan_on_text(
     label: str,
     block: int,
     max_diff: float,
-    backend: str = "onnx",
+    backend: Backend = Backend.ONNX,
 ) -> dict[str, int] | None:
     """``plan`` on real text in ``tokenizer`` held out from the verification prompts
     (``calibration_ids``); None (every matmul at int4) where the dims are not whole blocks (the

@@ -13,7 +13,7 @@ import torch
 from omnidraft_deploy.exporters import int4_plan
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.onnx_fused import int4_rtn
-from omnidraft_deploy.exporters.quantize import get_recipe
+from omnidraft_deploy.exporters.quantize import Backend, get_recipe
 
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
@@ -35,7 +35,9 @@ def test_weights_on_their_int4_grid_have_no_error_and_all_go_to_int4() -> None:
     errors = int4_plan.relative_errors(model, PROMPTS, 32)
     assert len(errors) == 4 * SPEC.n_layers and max(errors.values()) <= int4_plan.EXACT
     # 8 bits could only round them off their grid: int4 even where no budget is met
-    assert set(int4_plan.plan(model, PROMPTS, max_diff=1e-9, backend="xnnpack").values()) == {4}
+    assert set(int4_plan.plan(model, PROMPTS, max_diff=1e-9, backend=Backend.XNNPACK).values()) == {
+        4
+    }
 
 
 def test_the_search_finds_the_longest_acceptable_prefix_in_log_steps() -> None:
@@ -102,7 +104,7 @@ def test_xnnpack_numerics_compute_what_the_eager_8da_linears_compute() -> None:
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 48)
     x = torch.randn(5, 128) * torch.linspace(0.1, 3.0, 128)  # uneven channels, as real ones
-    rounding, int8 = int4_plan.NUMERICS["xnnpack"]
+    rounding, int8 = int4_plan.NUMERICS[Backend.XNNPACK]
     sim = int4_plan.SimLinear(linear, 32, rounding)
     with torch.no_grad():
         exact = linear(x)

@@ -80,10 +80,13 @@ def export_xnnpack(
         t0 = time.perf_counter()
         plan = plan_on_text(model, info.tokenizer, info.file, recipe.group_size,
                             recipe.tolerance, recipe.backend)  # fmt: skip
-        bits = None if plan is None else module_bits(model, plan)
-        extras["int4_plan"] = {"seconds": round(time.perf_counter() - t0, 2)} | (
-            {} if plan is None else
-            {"int4": sum(b == 4 for b in plan.values()), "matmuls": len(plan)})  # fmt: skip
+        extras["int4_plan"] = {"seconds": round(time.perf_counter() - t0, 2)}
+        if plan is not None:
+            bits = module_bits(model, plan)
+            extras["int4_plan"] |= {
+                "int4": sum(b == 4 for b in plan.values()),
+                "matmuls": len(plan),
+            }
     coverage = export_pte(model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids,
                           bundle_hash=bundle_hash, bits=bits)  # fmt: skip
     return info, extras | {"stages": coverage.pop("stages"), "op_coverage": coverage}

@@ -126,22 +126,26 @@ def int8_rows(w: Tensor, _block: int = 0) -> Tensor:
     return torch.clamp(torch.round(w / scale), -128, 127) * scale
 
 
-# backend -> (how a matmul's input is rounded, an 8-bit weight's grid); int4 is the same grid
-NUMERICS: dict[Backend, tuple[Callable[[Tensor, int], Tensor], Callable[[Tensor, int], Tensor]]] = {
-    Backend.ONNX: (round_blocks, int8_blocks),  # MatMulNBits, accuracy_level=4
-    Backend.XNNPACK: (
-        round_tokens,
-        int8_rows,
-    ),  # 8da4w / 8da8w linears (int8 per-token activations)
+Rounding = Callable[[Tensor, int], Tensor]  # (tensor, block) -> the tensor as the kernel sees it
+# backend -> (how a matmul's input is rounded, an 8-bit weight's grid); int4 is the same grid.
+# ONNX: MatMulNBits, accuracy_level=4. XNNPACK: 8da4w / 8da8w linears (int8 per-token activations).
+NUMERICS: dict[Backend, tuple[Rounding, Rounding]] = {
+    Backend.ONNX: (round_blocks, int8_blocks),
+    Backend.XNNPACK: (round_tokens, int8_rows),
 }
+
+
+def whole_blocks(model: Transformer, block: int) -> bool:
+    """Whether every body matmul's input splits into blocks of ``block`` (what the simulation
+    reshapes it into)."""
+    return not (model.args.dim % block or model.args.intermediate_size % block)
 
 
 class SimLinear(nn.Module):
     """A quantised graph matmul in eager: ``round(x) @ centred.T + x @ constant.T (+ bias)``,
     the input rounded as the backend's kernel does (``NUMERICS``)."""
 
-    def __init__(self, linear: nn.Linear, block: int,
-                 rounding: Callable[[Tensor, int], Tensor] = round_blocks) -> None:  # fmt: skip
+    def __init__(self, linear: nn.Linear, block: int, rounding: Rounding = round_blocks) -> None:
         super().__init__()
         self.block, self.bias, self.rounding = block, linear.bias, rounding
         self.weight = linear.weight.detach().float()  # replaced by ``set``
@@ -166,7 +170,7 @@ class Simulator:
     """
 
     def __init__(self, model: Transformer, block: int, backend: Backend = Backend.ONNX) -> None:
-        if model.args.dim % block or model.args.intermediate_size % block:
+        if not whole_blocks(model, block):
             raise ValueError(f"int4 plan: dims {model.args.dim}/{model.args.intermediate_size} "
                              f"are not multiples of the block {block}")  # fmt: skip
         rounding, int8 = NUMERICS[backend]
@@ -266,7 +270,7 @@ def plan_on_text(
     """``plan`` on real text in ``tokenizer`` held out from the verification prompts
     (``calibration_ids``); None (every matmul at int4) where the dims are not whole blocks (the
     simulation reshapes inputs into blocks). ``label`` names the graph in the log."""
-    if model.args.dim % block or model.args.intermediate_size % block:
+    if not whole_blocks(model, block):
         log.warning("%s: dims not multiples of %d; every body matmul at int4", label, block)
         return None
     t0 = time.perf_counter()

@@ -333,6 +333,25 @@ _REAL_SMALL: tuple[ModelSpec, ...] = (
         gguf_asset="qwen2.5-0.5b-gguf",
         source=Source.GGUF,
     ),
+    ModelSpec(
+        "qwen2.5-1.5b",
+        Role.TARGET,
+        Family.QWEN2,
+        "qwen2",
+        151936,
+        1536,
+        28,
+        12,
+        2,
+        8960,
+        rope_theta=1e6,
+        norm_eps=1e-6,
+        tie_embeddings=False,  # the 1.5B has its own output head (Q6_K in the GGUF)
+        max_seq_len=2048,
+        hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        gguf_asset="qwen2.5-1.5b-gguf",
+        source=Source.GGUF,
+    ),
 )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 from torch import Tensor
 
 
@@ -59,6 +60,7 @@ class DraftLengthPolicy(Protocol):
 
     def next_draft_len(self) -> int: ...  # upper bound k for this step
 
-    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool: ...  # after drafted token i
+    # after drafted token i; features: (3,) ``draft_len.confidence_features`` of its logits
+    def keep_drafting(self, i: int, features: np.ndarray) -> bool: ...
 
     def update(self, n_drafted: int, n_accepted: int) -> None: ...  # in drafter tokens

@@ -37,6 +37,7 @@ def decode_continuation(tokenizer: Decodes, context_ids: list[int], new_ids: lis
 class TextStreamer:
     def __init__(self, tokenizer: Decodes, out: TextIO, stats: TextIO | None = None) -> None:
         self.tokenizer, self.out, self.stats = tokenizer, out, stats
+        self.wants_topk = stats is not None  # only the step stats read the top-k probabilities
         self.context: list[int] | None = None  # the prompt, from the first step
         self.ids: list[int] = []
         self.printed = ""

@@ -146,7 +146,7 @@ def htp_context(root: Path, manifest: Manifest, file: str) -> Path | None:
 
 
 def load_graph_file(
-    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu"
+    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu", threads: int | None = None
 ) -> RuntimeModel:
     """A runtime model for ``role``'s graph (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or
     QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models)."""
@@ -170,7 +170,7 @@ def load_graph_file(
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    return OrtModel(path, info, decode=decode)
+    return OrtModel(path, info, decode=decode, threads=threads)
 
 
 def default_provider(manifest: Manifest) -> str:
@@ -243,12 +243,16 @@ def check_bundle(bundle_dir: str | Path) -> tuple[Manifest, VocabMapper, NGramCa
     return manifest, mapper, cache
 
 
-def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
-    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
+def open_bundle(
+    bundle_dir: str | Path, *, provider: str | None = None, threads: int | None = None
+) -> OpenBundle:
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``; ``threads``: ONNX
+    Runtime intra-op threads of CPU sessions (None: the runtime's default)."""
     root = Path(bundle_dir)
     manifest, mapper, cache = check_bundle(root)
     provider = provider or default_provider(manifest)
     drafter, target = (
-        load_graph_file(root, manifest, r, provider=provider) for r in ("drafter", "target")
+        load_graph_file(root, manifest, r, provider=provider, threads=threads)
+        for r in ("drafter", "target")
     )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

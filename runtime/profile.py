@@ -1,35 +1,120 @@
-"""``omnidraft profile BUNDLE``: open a bundle's ONNX graphs as decoding opens them and save their
-measured cost profile (``omnidraft_deploy.profile``) to the bundle's session folder."""
+"""The cost profile of a bundle on this machine: measured on the sessions that decode, cached.
+
+``omnidraft profile BUNDLE`` measures it on demand; ``run`` calls ``ensure_profile`` so that every
+user gets cost-aware drafting without knowing that verb: the first run on a machine measures it
+(~20 s, progress on stderr) and caches it in the bundle's state folder with a fingerprint of the
+bundle and the machine; later runs load it, and a different bundle, CPU, core count, ONNX Runtime
+version or provider re-measures.
+
+The per-call latencies come from ``omnidraft_deploy.profile.measure``. The host overhead of a step
+(``CostProfile.overhead_ms``) is measured where it is paid: a short real decode of the bundle's
+own graphs, mapper and tokenizer (``measure_host_overhead``), wall time minus the time inside the
+target and drafter calls, so the figure the cost model charges is the one the loop pays.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from omnidraft_deploy.runtime.bundle import check_graph
-from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
-from omnidraft_deploy.manifest import verify_bundle
-from omnidraft_deploy.profile import Progress, measure, save_profile
-from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.profile import Progress, load_profile, measure, save_profile
+from omnidraft_deploy.speculative.cost import CostProfile
+from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
+log = logging.getLogger(__name__)
 
-def bundle_graph(bundle: Path, role: str, *, threads: int | None = None) -> CausalLM:
-    """One verified graph of an onnx bundle, opened as ``omnidraft run`` opens it (``OrtModel``:
-    huge pages, ONNX Runtime's thread-pool defaults), so the profile is measured on the sessions
-    it will steer; ``threads``: intra-op threads (None: one per physical core)."""
-    manifest = verify_bundle(bundle)
-    check_graph(bundle, manifest, role)
-    info = manifest.graphs[role]
-    if not info.file.endswith(".onnx"):
-        raise ValueError(f"{bundle / info.file}: profile runs ONNX graphs (onnx backend) only")
-    path = bundle / info.file
-    return OrtModel(path, info, threads=threads)
+# a prompt the in-loop measurement decodes (code: drafts are accepted part of the time, so the
+# steps it times carry proposals of every length the fixed policy makes)
+_HOST_PROMPT = "def is_palindrome(text: str) -> bool:\n    cleaned = [c.lower() for c in text"
+HOST_STEPS_TOKENS = 24  # new tokens per in-loop repetition
 
 
-def profile_bundle(bundle: Path, state: Path, *, k_max: int = 8, reps: int = 7,
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def fingerprint(bundle: OpenBundle) -> str:
+    """What a profile was measured on: the bundle's graphs (their sha256 in the manifest), the
+    provider, and the machine (CPU model, logical CPUs, ONNX Runtime and torch versions)."""
+    import onnxruntime
+    import torch
+
+    graphs = {r: bundle.manifest.files[g.file].sha256 for r, g in bundle.manifest.graphs.items()}
+    key = {"graphs": graphs, "provider": bundle.provider, "cpu": _cpu_model(),
+           "cpus": os.cpu_count(), "ort": onnxruntime.__version__, "torch": torch.__version__}  # fmt: skip
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int = 4) -> float:
+    """Median host ms per speculative step in a real greedy decode of the bundle (module
+    docstring): wall time minus target and drafter calls, over the steps after the prefill."""
+    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
+    prompt = tok.encode(_HOST_PROMPT)
+    cfg = DecodeConfig(max_new_tokens=HOST_STEPS_TOKENS, vocab_limit=bundle.mapper.target_vocab_size,
+                       eos_ids=(), host_threads=1)  # fmt: skip
+    per_step = []
+    for _ in range(reps):
+        dec = SpeculativeDecoder(bundle.target, bundle.drafter, bundle.mapper,
+                                 FixedDraftLen(draft_len), config=cfg)  # fmt: skip
+        _, stats = dec.generate(prompt)
+        steps = max(1, stats.target_calls - (1 if len(prompt) > 1 else 0))
+        per_step.append(1e3 * stats.overhead_s / steps)
+    return statistics.median(per_step)
+
+
+def measure_bundle(bundle: OpenBundle, *, k_max: int = 8, reps: int = 7,
+                   progress: Progress = lambda r: r) -> CostProfile:  # fmt: skip
+    """Call latencies (``profile.measure``) + the in-loop host overhead, stamped with the
+    bundle's ``fingerprint``."""
+    prof = measure(bundle.target, {"drafter": bundle.drafter}, k_max=k_max, reps=reps,
+                   progress=progress)["drafter"]  # fmt: skip
+    return dataclasses.replace(prof, overhead_ms=measure_host_overhead(bundle),
+                               fingerprint=fingerprint(bundle))  # fmt: skip
+
+
+def ensure_profile(bundle: OpenBundle, state: Path, *,
+                   progress: Progress = lambda r: r,
+                   notify: Callable[[str], Any] = log.warning) -> CostProfile:  # fmt: skip
+    """The cached profile when it was measured on this bundle and machine; else measure it now
+    (``notify`` says so: it takes ~20 s once) and cache it in ``state``."""
+    try:
+        cached = load_profile(state)
+    except ValueError as e:  # a damaged cache is re-measured, never trusted
+        notify(f"{e}; measuring again")
+        cached = None
+    if cached is not None and cached.fingerprint == fingerprint(bundle):
+        return cached
+    why = "first run on this machine" if cached is None else "bundle or machine changed"
+    notify(f"measuring this bundle's cost profile ({why}; once, ~20 s) -> {state}")
+    prof = measure_bundle(bundle, reps=5, progress=progress)
+    save_profile(prof, state)
+    return prof
+
+
+def profile_bundle(bundle_dir: Path, state: Path, *, k_max: int = 8, reps: int = 7,
                    threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
-    """Measure a bundle's target + drafter graphs and save the profile to ``state``."""
-    target = bundle_graph(bundle, "target", threads=threads)
-    drafter = bundle_graph(bundle, "drafter", threads=threads)
-    prof = measure(target, {"drafter": drafter}, k_max=k_max, reps=reps, progress=progress)
-    return save_profile(prof["drafter"], state)
+    """Measure a bundle's target + drafter graphs as ``run`` opens them and save the profile to
+    ``state``; ``threads``: ONNX Runtime intra-op threads (None: the runtime's default)."""
+    bundle = open_bundle(bundle_dir, threads=threads)
+    ext = {Path(g.file).suffix for g in bundle.manifest.graphs.values()}
+    if ext != {".onnx"}:
+        raise ValueError(f"{bundle_dir}: profile runs ONNX graphs (onnx backend) only")
+    return save_profile(measure_bundle(bundle, k_max=k_max, reps=reps, progress=progress), state)

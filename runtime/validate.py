@@ -21,6 +21,7 @@ from omnidraft_deploy.runtime.bundle import (
     load_session_cache,
     open_bundle,
 )
+from omnidraft_deploy.runtime.profile import ensure_profile
 
 from omnidraft_deploy.bundle_fs import read_listed
 from omnidraft_deploy.expected import EXPECTED_FILE, EXPECTED_ROLE
@@ -87,6 +88,7 @@ def _decoder(
         config or DecodeConfig(max_new_tokens=max_new_tokens),
         vocab_limit=bundle.mapper.target_vocab_size,
         eos_ids=bundle.mapper.target_eos,
+        host_threads=1,  # the graphs run in the runtime's own thread pools (DecodeConfig)
     )
     if profile is not None:
         return SpeculativeDecoder(
@@ -208,7 +210,7 @@ def run_bundle(
     bundle = open_bundle(bundle_dir, provider=provider)
     if state is not None:
         bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
-    dec = _decoder(bundle, max_new_tokens, config, load_profile(state) if state else None)
+    dec = _decoder(bundle, max_new_tokens, config, _profile(bundle, state))
     out, stats = dec.generate(prompt_ids, observer=observer, generator=generator)
     if state is not None:
         write_bytes_atomic(
@@ -222,6 +224,19 @@ def run_bundle(
     return out, stats
 
 
+def _profile(bundle: OpenBundle, state: Path | None) -> CostProfile | None:
+    """The cost profile that steers drafting: measured once per bundle and machine and cached in
+    ``state`` for ONNX graphs on the CPU (``runtime.profile.ensure_profile``); for other graphs
+    (ExecuTorch, the simulated HTP: too slow to profile on the way to a first token), whatever
+    ``omnidraft profile`` cached, else None (the +2/-1 heuristic)."""
+    if state is None:
+        return None
+    onnx = all(g.file.endswith(".onnx") for g in bundle.manifest.graphs.values())
+    if onnx and bundle.provider == "cpu":
+        return ensure_profile(bundle, state)
+    return load_profile(state)
+
+
 def target_only(
     bundle_dir: str | Path, prompt_ids: list[int], config: DecodeConfig, *,
     provider: str | None = None, generator: torch.Generator | None = None,
@@ -229,5 +244,5 @@ def target_only(
     """The bundle's target alone (the baseline ``run --stats`` compares against)."""
     bundle = open_bundle(bundle_dir, provider=provider)
     cfg = dataclasses.replace(config, vocab_limit=bundle.mapper.target_vocab_size,
-                              eos_ids=bundle.mapper.target_eos)  # fmt: skip
+                              eos_ids=bundle.mapper.target_eos, host_threads=1)  # fmt: skip
     return generate_target_only(bundle.target, prompt_ids, cfg, generator)

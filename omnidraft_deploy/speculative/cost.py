@@ -45,6 +45,7 @@ class CostProfile:
     context: int = 0
     far_context: int = 0
     target_ms_far: tuple[float, ...] = ()
+    fingerprint: str = ""  # what it was measured on (bundle + machine; runtime.profile)
 
     def __post_init__(self) -> None:
         if not self.target_ms:
@@ -108,6 +109,7 @@ class CostProfile:
                 context=int(raw.get("context", 0)),
                 far_context=int(raw.get("far_context", 0)),
                 target_ms_far=tuple(float(v) for v in raw.get("target_ms_far", ())),
+                fingerprint=str(raw.get("fingerprint", "")),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{source}: not a cost profile ({e})") from None

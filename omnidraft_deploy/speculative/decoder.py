@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,12 +23,12 @@ from torch import Tensor
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
 from omnidraft_deploy.speculative.cost import CostProfile
-from omnidraft_deploy.speculative.drafter import Mode
+from omnidraft_deploy.speculative.drafter import Mode, Proposal
 from omnidraft_deploy.speculative.hybrid import make_proposer
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
 from omnidraft_deploy.speculative.stats import DecodeStats
-from omnidraft_deploy.speculative.verify import verify, verify_greedy
+from omnidraft_deploy.speculative.verify import accept_greedy, greedy_ids, verify
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ class DecodeConfig:
     vocab_limit: int | None = None  # ignore logits at ids >= this (padded embedding rows)
     top_p: float | None = None  # nucleus sampling: the law sampled is the target's top-p one
     observer_topk: int = 8
+    # torch intra-op threads for the host maths while decoding (None: leave torch's setting).
+    # 1 when the models are runtime graphs: a multi-threaded torch op between two ONNX Runtime
+    # calls fights ORT's spinning pool for the same cores (runtime.run sets it).
+    host_threads: int | None = None
 
     def __post_init__(self) -> None:
         greedy = self.mode is Mode.GREEDY
@@ -79,6 +84,25 @@ def _limit(logits: Tensor, limit: int | None) -> Tensor:
     masked = logits.clone()  # the caller's tensor is left as it was
     masked[..., limit:] = float("-inf")
     return masked
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (None: unchanged), restored after."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n is not None:
+            torch.set_num_threads(before)
+
+
+def _wants_topk(observer: Observer | None) -> bool:
+    """Observers may declare ``wants_topk = False`` (a text streamer without step stats): then
+    the decoder skips the full-vocabulary softmax + top-k it would compute for them."""
+    return observer is not None and bool(getattr(observer, "wants_topk", True))
 
 
 def _finish(new_ids: list[int], cfg: DecodeConfig) -> tuple[list[int], bool]:
@@ -125,20 +149,25 @@ def generate_target_only(
 ) -> tuple[list[int], DecodeStats]:
     """Plain autoregressive decoding with the target: the reference the speculative path must match."""
     check_prompt(prompt_ids, cfg.vocab_limit or target.vocab_size, target.max_seq_len)
+    with torch_threads(cfg.host_threads):
+        return _target_only(target, prompt_ids, cfg, generator)
+
+
+def _target_only(
+    target: CausalLM, prompt_ids: list[int], cfg: DecodeConfig, generator: torch.Generator | None
+) -> tuple[list[int], DecodeStats]:
     stats, t0 = DecodeStats(), time.perf_counter()
     out: list[int] = []
     feed, pos = list(prompt_ids), 0
     while True:
-        logits = _limit(
-            target.forward(torch.tensor(feed, dtype=torch.long), pos)[-1], cfg.vocab_limit
-        )
+        row = target.forward(torch.tensor(feed, dtype=torch.long), pos)[-1]
         stats.target_calls += 1
         pos += len(feed)
-        tok = (
-            int(logits.argmax())
-            if cfg.temperature <= 0
-            else sample(logits_to_probs(logits, cfg.temperature, top_p=cfg.top_p), generator)
-        )
+        if cfg.temperature <= 0:
+            tok = greedy_ids(row, cfg.vocab_limit)[0]
+        else:
+            probs = logits_to_probs(_limit(row, cfg.vocab_limit), cfg.temperature, top_p=cfg.top_p)
+            tok = sample(probs, generator)
         out.append(tok)
         out, done = _finish(out, cfg)
         if done or pos >= target.max_seq_len:
@@ -173,17 +202,26 @@ class SpeculativeDecoder:
                                      ngram_cache=ngram_cache, lookup=lookup, profile=profile)  # fmt: skip
 
     def _verify(
-        self,
-        proposal_ids: list[int],
-        q: Tensor,
-        rows: Tensor | None,
-        logits: Tensor,
-        generator: torch.Generator | None,
+        self, prop: Proposal, n_prop: int, logits: Tensor, generator: torch.Generator | None
     ) -> tuple[int, int]:
+        """(accepted, next id) for the first ``n_prop`` proposals; ``logits``: (n_prop + 1, V)."""
+        ids = prop.target_ids[:n_prop]
         if self.cfg.mode is Mode.GREEDY:
-            return verify_greedy(proposal_ids, logits)
-        probs = logits_to_probs(logits, self.cfg.temperature, top_p=self.cfg.top_p)
-        return verify(proposal_ids, q, rows, probs, generator)
+            return accept_greedy(ids, greedy_ids(logits, self.cfg.vocab_limit))
+        limited = _limit(logits, self.cfg.vocab_limit)
+        probs = logits_to_probs(limited, self.cfg.temperature, top_p=self.cfg.top_p)
+        return verify(ids, prop.q[:n_prop], prop.rows, probs, generator)
+
+    def _observe(self, observer: Observer | None, committed: list[int], kept: list[int],
+                 logits: Tensor) -> None:  # fmt: skip
+        if observer is None or not kept:
+            return
+        if not _wants_topk(observer):
+            observer(list(committed), kept, torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0))
+            return
+        rows = logits[: len(kept), : self.cfg.vocab_limit or logits.shape[-1]].float()
+        top = torch.softmax(rows, -1).topk(self.cfg.observer_topk, -1)
+        observer(list(committed), kept, top.indices, top.values)
 
     def generate(
         self,
@@ -193,8 +231,15 @@ class SpeculativeDecoder:
         observer: Observer | None = None,
     ) -> tuple[list[int], DecodeStats]:
         """Generate up to ``max_new_tokens`` target ids after ``prompt_ids`` (target ids)."""
+        check_prompt(prompt_ids, self.cfg.vocab_limit or self.target.vocab_size,
+                     self.target.max_seq_len)  # fmt: skip
+        with torch_threads(self.cfg.host_threads):
+            return self._generate(prompt_ids, generator, observer)
+
+    def _generate(
+        self, prompt_ids: list[int], generator: torch.Generator | None, observer: Observer | None
+    ) -> tuple[list[int], DecodeStats]:
         cap = self.target.max_seq_len
-        check_prompt(prompt_ids, self.cfg.vocab_limit or self.target.vocab_size, cap)
         cfg, stats, t_start = self.cfg, DecodeStats(), time.perf_counter()
         self.drafter.reset(prompt_ids)
         self.drafter.seconds, self.drafter.calls = 0.0, 0
@@ -213,20 +258,11 @@ class SpeculativeDecoder:
             logits = self.target.forward(torch.tensor(feed, dtype=torch.long), len(committed) - 1)
             stats.target_s += time.perf_counter() - t0
             stats.target_calls += 1
-            logits = _limit(logits, cfg.vocab_limit)
-            n_acc, next_id = self._verify(
-                prop.target_ids[:n_prop],
-                prop.q[:n_prop],
-                None if prop.rows is None else prop.rows[:n_prop],
-                logits,
-                generator,
-            )
+            n_acc, next_id = self._verify(prop, n_prop, logits, generator)
             new_ids = [*prop.target_ids[:n_acc], next_id]
             out_next, done = _finish([*out, *new_ids], cfg)
             kept = new_ids[: len(out_next) - len(out)]  # what the caller gets (EOS / budget)
-            if observer is not None and kept:
-                top = torch.softmax(logits[: len(kept)].float(), -1).topk(cfg.observer_topk, -1)
-                observer(list(committed), kept, top.indices, top.values)
+            self._observe(observer, committed, kept, logits)
             self.drafter.commit(prop, n_acc, next_id)
             self._record(stats, prop.merged[:n_prop], n_acc, prop.n_drafted)
             committed += new_ids

@@ -2,8 +2,14 @@
 cost-aware rule over a measured ``cost.CostProfile`` (draft one more token only while it pays).
 
 Each policy is called by the drafter in this order every step: ``next_draft_len()`` (upper bound
-k), ``keep_drafting(i, draft_probs)`` after each drafted token (may stop early), then
-``update(n_drafted, n_accepted)`` with counts in drafter tokens once the target has verified.
+k), ``keep_drafting(i, features)`` after each drafted token (may stop early; ``features`` are the
+drafted token's ``confidence_features``), then ``update(n_drafted, n_accepted)`` with counts in
+drafter tokens once the target has verified.
+
+Everything here runs inside the decode loop, between two graph calls, so it is numpy on a few
+floats: the one full-vocabulary pass per drafted token is ``confidence_features`` (a max, an exp
+and a dot over the drafter's logits row, single-threaded; about 0.1 ms for 49k logits), which
+never competes with the ONNX Runtime thread pools the way a multi-threaded torch op does.
 """
 
 from __future__ import annotations
@@ -11,8 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from omnidraft_deploy.speculative.cost import CostProfile, marginal_ms
 
@@ -24,7 +29,7 @@ class FixedDraftLen:
     def next_draft_len(self) -> int:
         return self.draft_len
 
-    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool:
+    def keep_drafting(self, i: int, features: np.ndarray) -> bool:
         return True
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
@@ -42,7 +47,7 @@ class HeuristicDraftLen:
     def next_draft_len(self) -> int:
         return self.draft_len
 
-    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool:
+    def keep_drafting(self, i: int, features: np.ndarray) -> bool:
         return True
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
@@ -50,11 +55,20 @@ class HeuristicDraftLen:
         self.draft_len = max(self.lo, min(self.hi, self.draft_len + step))
 
 
-def confidence_features(draft_probs: Tensor) -> Tensor:
-    """(V,) drafter row -> (3,) features: top-1 prob, 1 - normalised entropy, bias."""
-    top1 = draft_probs.max()
-    ent = -(draft_probs * draft_probs.clamp_min(1e-12).log()).sum() / math.log(draft_probs.numel())
-    return torch.stack([top1, 1.0 - ent, torch.ones(())]).float()
+def confidence_features(logits: np.ndarray) -> np.ndarray:
+    """(V,) drafter logits -> (3,) float64 features of the drafter's own (temperature 1)
+    distribution ``p = softmax(logits)``: top-1 probability, ``1 - H(p) / log V``, and a bias 1.
+
+    Read from the logits, not from the proposal law: a greedy proposal law is one-hot, whose
+    top-1 is always 1 and entropy 0, which would tell the acceptance head nothing. With
+    ``z = logits - max``, ``s = sum(exp z)``: ``top1 = 1 / s`` and ``H = log s - sum(exp(z) z) / s``.
+    """
+    row = np.asarray(logits, dtype=np.float32).reshape(-1)
+    z = np.maximum(row - row.max(), np.float32(-1e30))  # -inf logits (masks) -> 0 * -1e30 = 0
+    e = np.exp(z)
+    s = float(e.sum(dtype=np.float64))
+    ent = math.log(s) - float(np.dot(e, z)) / s
+    return np.array([1.0 / s, 1.0 - ent / math.log(max(row.size, 2)), 1.0])
 
 
 class AcceptancePredictorDraftLen:
@@ -68,19 +82,19 @@ class AcceptancePredictorDraftLen:
 
     def __init__(self, max_len: int = 8, threshold: float = 0.3, lr: float = 0.5) -> None:
         self.max_len, self.threshold, self.lr = max_len, threshold, lr
-        self.weights = torch.tensor([2.0, 2.0, -1.0])
-        self._feats: list[Tensor] = []
+        self.weights = np.array([2.0, 2.0, -1.0])
+        self._feats: list[np.ndarray] = []
         self._survive = 1.0
 
     def next_draft_len(self) -> int:
         self._feats, self._survive = [], 1.0
         return self.max_len
 
-    def predict(self, feats: Tensor) -> float:
-        return float(torch.sigmoid(feats @ self.weights))
+    def predict(self, feats: np.ndarray) -> float:
+        return 1.0 / (1.0 + math.exp(-float(feats @ self.weights)))
 
-    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool:
-        feats = confidence_features(draft_probs)
+    def keep_drafting(self, i: int, features: np.ndarray) -> bool:
+        feats = np.asarray(features, dtype=np.float64)
         self._feats.append(feats)
         self._survive *= self.predict(feats)
         return self._survive >= self.threshold
@@ -133,8 +147,8 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
         self._skipped += 1
         return 0
 
-    def keep_drafting(self, i: int, draft_probs: Tensor) -> bool:
-        super().keep_drafting(i, draft_probs)  # records features, multiplies the survival
+    def keep_drafting(self, i: int, features: np.ndarray) -> bool:
+        super().keep_drafting(i, features)  # records features, multiplies the survival
         gain = self._survive * self.rate * self.profile.value_ms
         return gain > marginal_ms(self.profile, i + 1, model=True)
 

@@ -17,15 +17,19 @@ tokens and skips the n-gram cache, so every proposal's probability is known exac
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
+from omnidraft_deploy.speculative.draft_len import confidence_features
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -38,11 +42,28 @@ class Mode(StrEnum):
     OMNIDRAFT = "omnidraft"  # paper's merged-probability proposals: measured, not exact
 
 
+class ProposalRows:
+    """The proposal distributions over target ids (``rows[i]``: (V_target_model,)), built on
+    demand from the drafter rows: verification reads only the first rejected position's row, so
+    the other proposals never pay for the full-vocabulary scatter (``VocabMapper.map_probs``)."""
+
+    def __init__(self, build: Callable[[int], Tensor], n: int) -> None:
+        self._build, self._n = build, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> Tensor:
+        if not 0 <= i < self._n:
+            raise IndexError(f"proposal row {i} of {self._n}")
+        return self._build(i)
+
+
 @dataclass
 class Proposal:
     target_ids: list[int]
     q: Tensor  # (n,) proposal probability of each target id
-    rows: Tensor | None  # (n, V_target_model) proposal distributions for the residual
+    rows: ProposalRows | Tensor | None  # (n, V_target_model) proposal laws for the residual
     spans: list[int]  # drafter tokens behind each proposal
     merged: list[bool]  # whether each came from the n-gram cache
     n_drafted: int
@@ -96,11 +117,29 @@ class CrossVocabDrafter:
         return logits
 
     def _draft_probs(self, logits: Tensor) -> Tensor:
+        """The sampling law of one drafted token (sampling modes only): (V_map,)."""
         probs = logits_to_probs(logits, self.temperature)
         return restrict(probs, self.mapper.dm_draft_mask) if self.mode is Mode.EXACT else probs
 
-    def draft(self, generator: torch.Generator | None) -> tuple[list[int], Tensor, list[Tensor]]:
-        """Run the drafter for up to ``policy.next_draft_len()`` tokens (drafter ids)."""
+    def _pick(
+        self, logits: Tensor, generator: torch.Generator | None
+    ) -> tuple[int, float, Tensor | None]:
+        """(drafted id, its proposal probability, its sampling law or None when greedy).
+
+        Logits past the map's drafter vocabulary (a padded embedding: every Qwen model) are never
+        drafted. Greedy drafting is one numpy argmax over the row: no probability row is built."""
+        logits = logits[: self.mapper.draft_vocab_size]
+        if self.temperature <= 0:
+            return int(np.argmax(logits.numpy())), 1.0, None
+        probs = self._draft_probs(logits)
+        d = sample(probs, generator)
+        return d, float(probs[d]), probs
+
+    def draft(
+        self, generator: torch.Generator | None
+    ) -> tuple[list[int], list[float], list[Tensor]]:
+        """Run the drafter for up to ``policy.next_draft_len()`` tokens (drafter ids); returns the
+        ids, their proposal probabilities and (sampling modes) their sampling laws."""
         room = self.lm.max_seq_len - len(self.draft_ids) - 1
         k = max(0, min(self.policy.next_draft_len(), room))
         drafts: list[int] = []
@@ -108,32 +147,57 @@ class CrossVocabDrafter:
         rows: list[Tensor] = []
         feed, start = self.draft_ids[self.kv_len :], self.kv_len
         for i in range(k):
-            probs = self._draft_probs(self._forward(feed, start))
+            logits = self._forward(feed, start).detach().float()
             start += len(feed)
-            d = int(probs.argmax()) if self.temperature <= 0 else sample(probs, generator)
+            d, q, probs = self._pick(logits, generator)
             drafts.append(d)
-            q_tok.append(float(probs[d]))
-            rows.append(probs)
-            if d in self.mapper.draft_eos or not self.policy.keep_drafting(i, probs):
+            q_tok.append(q)
+            if probs is not None:
+                rows.append(probs)
+            if d in self.mapper.draft_eos:
+                break
+            # the confidence of the law the token was drawn from: greedy, the drafter's own
+            # softmax (a one-hot law says nothing); sampling, the (restricted) sampling law
+            with np.errstate(divide="ignore"):
+                law = (
+                    logits[: self.mapper.draft_vocab_size].numpy()
+                    if probs is None
+                    else np.log(probs.numpy())
+                )
+            feats = confidence_features(law)
+            if not self.policy.keep_drafting(i, feats):
                 break
             feed = [d]
         self._fed_len, self._drafts = start, drafts
-        return drafts, torch.tensor(q_tok), rows
+        return drafts, q_tok, rows
 
     def _target_row(self, draft_row: Tensor) -> Tensor:
         row = self.mapper.map_probs(draft_row)
         pad = self.target_vocab - row.shape[-1]
         return torch.nn.functional.pad(row, (0, pad)) if pad > 0 else row[: self.target_vocab]
 
+    def _lazy_rows(self, laws: list[tuple[Tensor, int, float | None]]) -> ProposalRows:
+        """Proposal ``i``'s law over target ids: the DM-mapped drafter row, with a merged n-gram
+        proposal's own probability written at its id (``laws[i]``: drafter row, id, merged q)."""
+
+        def build(i: int) -> Tensor:
+            draft_row, t, merged_q = laws[i]
+            row = self._target_row(draft_row)
+            if merged_q is not None:
+                row[t] = merged_q
+            return row
+
+        return ProposalRows(build, len(laws))
+
     def propose(self, generator: torch.Generator | None) -> Proposal:
         """Draft, then turn the drafter tokens into target-vocabulary proposals."""
         drafts, q_tok, rows = self.draft(generator)
         ids: list[int] = []
         qs: list[float] = []
-        out_rows: list[Tensor] = []
+        laws: list[tuple[Tensor, int, float | None]] = []
         spans: list[int] = []
         merged: list[bool] = []
-        sampling = self.temperature > 0
+        d2t = self.mapper.draft_to_target_list
         j = 0
         while j < len(drafts):
             hit = None
@@ -141,26 +205,25 @@ class CrossVocabDrafter:
                 hit = self.ngram_cache.match(drafts, j)
             if hit is not None and hit[1] >= 2:
                 t, n = hit
-                q = float(q_tok[j : j + n].prod())
-            elif int(self.mapper.draft_to_target[drafts[j]]) >= 0:
-                t, n = int(self.mapper.draft_to_target[drafts[j]]), 1
-                q = float(q_tok[j])
+                q = math.prod(q_tok[j : j + n])
+            elif d2t[drafts[j]] >= 0:
+                t, n = d2t[drafts[j]], 1
+                q = q_tok[j]
             else:
                 break
-            if sampling:
-                row = self._target_row(rows[j])
+            if rows:  # sampling: q of a DM token is the marginal over every drafter spelling
                 if n == 1:
-                    q = float(row[t])  # marginal over every drafter token spelling t
-                else:
-                    row[t] = q
-                out_rows.append(row)
+                    q = self.mapper.marginal(rows[j], t)
+                laws.append((rows[j], t, q if n > 1 else None))
             ids.append(t)
             qs.append(q)
             spans.append(n)
             merged.append(n > 1)
             j += n
-        stacked = torch.stack(out_rows) if out_rows else None
-        return Proposal(ids, torch.tensor(qs), stacked, spans, merged, len(drafts))
+        lazy = self._lazy_rows(laws) if rows else None
+        return Proposal(
+            ids, torch.tensor(qs, dtype=torch.float32), lazy, spans, merged, len(drafts)
+        )
 
     def commit(self, proposal: Proposal, n_accepted: int, next_id: int) -> None:
         """Keep the accepted drafts, append the target's own token, roll the KV pointer back."""

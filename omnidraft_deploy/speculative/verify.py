@@ -12,10 +12,19 @@ With one-hot ``p`` (greedy target) this reduces to "accept while the proposal is
 
 from __future__ import annotations
 
+from typing import Protocol
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from omnidraft_deploy.speculative.sampling import sample
+
+
+class Rows(Protocol):
+    """Row ``i`` of the proposal laws: a (n, V) tensor or ``drafter.ProposalRows`` (lazy)."""
+
+    def __getitem__(self, i: int) -> Tensor: ...
 
 
 def residual(target_probs: Tensor, proposal_probs: Tensor) -> Tensor:
@@ -28,14 +37,15 @@ def residual(target_probs: Tensor, proposal_probs: Tensor) -> Tensor:
 def verify(
     proposal_ids: list[int],
     proposal_q: Tensor,
-    proposal_rows: Tensor | None,
+    proposal_rows: Rows | None,
     target_probs: Tensor,
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """Accept a prefix of the proposals and pick the next token.
 
     proposal_ids: n target ids; proposal_q: (n,) probability the proposer gave each of them;
-    proposal_rows: (n, V) full proposal distributions for the residual (None: greedy target);
+    proposal_rows: (n, V) full proposal distributions for the residual, read only at the first
+    rejected position (None: one-hot proposals, e.g. greedy drafts or lookup);
     target_probs: (n+1, V). Returns (n_accepted, next_id).
     """
     n = len(proposal_ids)
@@ -52,10 +62,35 @@ def verify(
     return n, sample(target_probs[n], generator)
 
 
-def verify_greedy(proposal_ids: list[int], target_logits: Tensor) -> tuple[int, int]:
-    """Greedy verification: target_logits (n+1, V). Deterministic, no randomness consumed."""
-    best = target_logits.argmax(-1).tolist()
+def greedy_ids(target_logits: Tensor, limit: int | None = None) -> list[int]:
+    """Each row's argmax over ids ``< limit`` (padded vocabulary rows never win): (n, V) -> n ids.
+
+    One numpy pass, no copy (the decode loop's only full-vocabulary pass on the target side in
+    greedy mode). Refuses a row whose winner is not finite: numpy's argmax returns the first NaN,
+    and +inf or an all -inf row wins with a non-finite value, so this catches every broken row
+    an overflow or a broken graph could produce (see ``decoder._limit``)."""
+    rows = target_logits.detach().float().numpy().reshape(-1, target_logits.shape[-1])
+    if limit is not None and limit < rows.shape[-1]:
+        rows = rows[:, :limit]
+    best = rows.argmax(-1)
+    top = rows[np.arange(best.size), best]
+    if not np.isfinite(top).all():
+        bad = np.flatnonzero(~np.isfinite(top)).tolist()
+        raise FloatingPointError(
+            f"the target returned non-finite logits (NaN/inf) in rows {bad[:8]} of this call: "
+            "an overflow in the model or a broken graph; refusing to decode from them"
+        )
+    return [int(b) for b in best]
+
+
+def accept_greedy(proposal_ids: list[int], best: list[int]) -> tuple[int, int]:
+    """Accept while each proposal is the target's argmax ``best[i]``: (n_accepted, next id)."""
     for i, x in enumerate(proposal_ids):
         if best[i] != x:
             return i, best[i]
     return len(proposal_ids), best[len(proposal_ids)]
+
+
+def verify_greedy(proposal_ids: list[int], target_logits: Tensor) -> tuple[int, int]:
+    """Greedy verification: target_logits (n+1, V). Deterministic, no randomness consumed."""
+    return accept_greedy(proposal_ids, target_logits.argmax(-1).tolist())

@@ -145,6 +145,8 @@ class VocabMapper:
         self._dm_target_ids = self.draft_to_target[self._dm_draft_ids]
         self._offsets = self.target_to_draft_offsets.tolist()
         self._flat = self.target_to_draft_flat.tolist()
+        self.draft_to_target_list: list[int] = self.draft_to_target.tolist()  # per-token lookups
+        self._spellers: tuple[list[int], list[int]] | None = None  # built on first ``marginal``
 
     @classmethod
     def from_byte_tables(
@@ -247,6 +249,19 @@ class VocabMapper:
         src = draft_probs[..., self._dm_draft_ids]
         idx = self._dm_target_ids.expand_as(src)
         return out.scatter_add_(-1, idx, src)
+
+    def marginal(self, draft_probs: Tensor, target_id: int) -> float:
+        """``map_probs(draft_probs)[target_id]`` without the full row: the mass of every DM
+        drafter token that maps to ``target_id``. draft_probs: (V_d,)."""
+        if self._spellers is None:  # CSR: target id -> the DM drafter ids mapping to it
+            order = torch.argsort(self._dm_target_ids, stable=True)
+            ids = self._dm_draft_ids[order].tolist()
+            counts = torch.bincount(self._dm_target_ids, minlength=self.target_vocab_size)
+            offsets = [0, *torch.cumsum(counts, 0).tolist()]
+            self._spellers = (offsets, ids)
+        offsets, ids = self._spellers
+        spellers = ids[offsets[target_id] : offsets[target_id + 1]]
+        return float(draft_probs[spellers].sum()) if spellers else 0.0
 
     def content_hash(self) -> str:
         """sha256 of both tables; goes into artifact metadata as ``mapping_hash``."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
-import torch
 
 from omnidraft_deploy.speculative.cost import (
     CostProfile,
@@ -19,7 +19,11 @@ from omnidraft_deploy.speculative.cost import (
     predicted_times,
     step_ms,
 )
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, make_policy
+from omnidraft_deploy.speculative.draft_len import (
+    CostAwareDraftLen,
+    confidence_features,
+    make_policy,
+)
 
 # this machine's measured shape (issue 9): drafter 0.45 of a target step, verify widths 1.02..1.47
 REAL = CostProfile(target_ms=(100.0, 102.0, 112.0, 116.0, 134.0, 147.0), drafter_ms=(45.0, 50.0))
@@ -113,10 +117,11 @@ def test_profile_json_round_trip_and_errors() -> None:
         CostProfile(target_ms=(float("nan"),))
 
 
-def _confident(v: int = 50) -> torch.Tensor:
-    row = torch.full((v,), 0.01 / (v - 1))
+def _confident(v: int = 50) -> np.ndarray:
+    """Features of a drafter row with 0.99 on one token (from its logits: log-probabilities)."""
+    row = np.full(v, 0.01 / (v - 1))
     row[0] = 0.99
-    return row
+    return confidence_features(np.log(row))
 
 
 def test_cost_policy_choices_on_synthetic_profiles() -> None:
@@ -136,7 +141,9 @@ def test_cost_policy_choices_on_synthetic_profiles() -> None:
     assert good.next_draft_len() == 8
     assert all(good.keep_drafting(i, _confident()) for i in range(3))  # cheap: keep going
     dear = CostAwareDraftLen(REAL, max_len=8, prior=0.6)
-    assert dear.next_draft_len() == 8 and not dear.keep_drafting(0, torch.full((50,), 0.02))
+    assert dear.next_draft_len() == 8 and not dear.keep_drafting(
+        0, confidence_features(np.zeros(50))
+    )
     for _ in range(60):  # every first draft token rejected: the rate falls below the cost
         good.next_draft_len()
         good.update(4, 0)

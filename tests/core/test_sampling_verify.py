@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from omnidraft_deploy.speculative.draft_len import (
     AcceptancePredictorDraftLen,
     HeuristicDraftLen,
+    confidence_features,
     make_policy,
 )
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict
-from omnidraft_deploy.speculative.verify import residual, verify, verify_greedy
+from omnidraft_deploy.speculative.verify import greedy_ids, residual, verify, verify_greedy
 
 
 def test_logits_to_probs_filters() -> None:
@@ -70,10 +72,8 @@ def test_heuristic_draft_len() -> None:
 
 def test_acceptance_predictor_learns_to_stop_on_flat_rows() -> None:
     pol = AcceptancePredictorDraftLen(max_len=8, threshold=0.5)
-    flat, sharp = (
-        torch.full((100,), 0.01),
-        torch.nn.functional.one_hot(torch.tensor(3), 100).float(),
-    )
+    # features of a flat drafter row and of a sharp one (logits: 20 on one id, 0 elsewhere)
+    flat, sharp = confidence_features(np.zeros(100)), confidence_features(20.0 * np.eye(100)[3])
     for _ in range(200):  # sharp rows accepted, flat rows rejected
         pol.next_draft_len()
         pol.keep_drafting(0, sharp)
@@ -87,3 +87,34 @@ def test_acceptance_predictor_learns_to_stop_on_flat_rows() -> None:
 def test_unknown_policy_lists_valid() -> None:
     with pytest.raises(KeyError, match="choose from"):
         make_policy("nope", 4)
+
+
+def test_confidence_features_match_the_softmax_definition() -> None:
+    """top-1 probability and 1 - H / log V of softmax(logits), computed in one numpy pass."""
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
+    p = torch.softmax(logits.double(), -1)
+    ent = -(p * p.log()).sum() / np.log(1000)
+    feats = confidence_features(logits.numpy())
+    assert feats[0] == pytest.approx(float(p.max()), rel=1e-5)
+    assert feats[1] == pytest.approx(float(1 - ent), rel=1e-4)
+    assert feats[2] == 1.0
+    masked = logits.clone()
+    masked[10:] = float("-inf")  # masked ids count as probability 0, not NaN
+    assert np.isfinite(confidence_features(masked.numpy())).all()
+
+
+def test_greedy_ids_masks_padding_and_refuses_broken_rows() -> None:
+    logits = torch.zeros(3, 12)
+    logits[0, 11] = 5.0  # a padded id (>= limit 10) never wins
+    logits[1, 4] = 1.0
+    assert greedy_ids(logits, 10) == [0, 4, 0]
+    assert greedy_ids(logits) == [11, 4, 0]
+    for bad in (float("nan"), float("inf")):
+        broken = logits.clone()
+        broken[2, 3] = bad
+        with pytest.raises(FloatingPointError, match=r"rows \[2\]"):
+            greedy_ids(broken, 10)
+    masked = logits.clone()
+    masked[1, :10] = float("-inf")  # every real id masked: no token to pick
+    with pytest.raises(FloatingPointError, match=r"rows \[1\]"):
+        greedy_ids(masked, 10)

@@ -135,7 +135,7 @@ def _drafted_token_q(mp: pytest.MonkeyPatch) -> None:
     """q = the drafted drafter token's probability, not the sum over every drafter token that
     spells the same target token (many-to-one)."""
     real_draft, real_propose = CrossVocabDrafter.draft, CrossVocabDrafter.propose
-    drafted: dict[int, Tensor] = {}
+    drafted: dict[int, list[float]] = {}
 
     def draft(self, generator):  # type: ignore[no-untyped-def]
         out = real_draft(self, generator)
@@ -144,7 +144,7 @@ def _drafted_token_q(mp: pytest.MonkeyPatch) -> None:
 
     def propose(self, generator) -> Proposal:  # type: ignore[no-untyped-def]
         prop = real_propose(self, generator)
-        prop.q = drafted[id(self)][: len(prop.target_ids)].clone()  # exact mode: 1 token each
+        prop.q = torch.tensor(drafted[id(self)][: len(prop.target_ids)])  # exact: 1 token each
         return prop
 
     mp.setattr(CrossVocabDrafter, "draft", draft)

@@ -43,6 +43,7 @@ WORK = Path(".bench/runtime_speed")
 MODELS = {
     "smollm2-135m": ("smollm2-135m-gguf", "HuggingFaceTB/SmolLM2-135M"),
     "qwen2.5-0.5b": ("qwen2.5-0.5b-gguf", "Qwen/Qwen2.5-Coder-0.5B"),
+    "qwen2.5-1.5b": ("qwen2.5-1.5b-gguf", "Qwen/Qwen2.5-Coder-1.5B"),
 }
 MAX_SEQ_LEN = 512
 VERIFY_T = tuple(range(1, 9))

@@ -63,7 +63,12 @@ def header(title: str, src: Path, *, command: str | None = None, machine: str | 
 
 
 def _num(v: Any, spec: str = ".3g") -> str:
-    return "-" if v is None else format(v, spec) if isinstance(v, int | float) else str(v)
+    """A table cell: "-" for missing, integers with separators, floats by ``spec``."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    return f"{v:,}" if isinstance(v, int) else format(v, spec)
 
 
 # --- md from JSON -----------------------------------------------------------------------------
@@ -75,7 +80,7 @@ def export_report_md(d: dict[str, Any], src: Path) -> str:
         f"- torch {m.get('torch')}, {m.get('threads')} threads, max_seq_len {m.get('max_seq_len')}, "
         f"{m.get('prompts')} prompts per model; parity over prefill, single steps and a rollback",
         "- command and load: not recorded in the JSON (see docs/results/exports-and-quantisation.md)"])  # fmt: skip
-    lines += ["| model | backend | quant | graph MB | export s (stages) | peak RSS MB | verify s | "
+    lines += ["| model | backend | quant | graph MiB | export s (stages) | peak RSS MB | verify s | "
               "max abs diff | max logit | top-1 | pass | decode tok/s | placement |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in d["rows"]:
@@ -102,7 +107,7 @@ def _export_cells(r: dict[str, Any]) -> list[str]:
             hp = r["htp_parity"]
             place += (f"; on HTP: diff {hp['max_abs_logit_diff']:.3g}, "
                       f"top-1 {hp['top1_agreement']:.3f}")  # fmt: skip
-    return [r["model"], r["backend"], r["quantization"], _num(r.get("graph_bytes", 0) / 1e6, ".1f"),
+    return [r["model"], r["backend"], r["quantization"], _num(r.get("graph_bytes", 0) / 2**20, ".1f"),
             export, _num(r.get("export_peak_rss_mb"), ".1f"), _num(r.get("verify_s"), ".1f"),
             _num(par.get("max_abs_logit_diff")), _num(par.get("max_abs_logit"), ".1f"),
             _num(par.get("top1_agreement"), ".3f"), _num(r.get("passed")),
@@ -121,8 +126,10 @@ def batch_invariance_md(d: dict[str, Any], src: Path) -> str:
         for w, c in g["widths"].items():
             lines.append(f"| {g['graph']} | {w} | {c['rows']} | {c['rows_not_bitwise_equal']} | "
                          f"{_num(c['max_abs_diff'])} | {c['argmax_changes']} |")  # fmt: skip
-        lines.append(f"| {g['graph']}: batch-invariant | **{g['batch_invariant']}** | top-1 vs "
-                     f"eager {_num(g.get('top1_vs_eager'), '.3f')} | | | |")  # fmt: skip
+    lines.append("")
+    for g in d["graphs"]:
+        lines.append(f"- {g['graph']}: batch-invariant **{g['batch_invariant']}**, top-1 vs eager "
+                     f"{_num(g.get('top1_vs_eager'), '.3f')}")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

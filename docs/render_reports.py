@@ -85,6 +85,11 @@ def export_report_md(d: dict[str, Any], src: Path) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in d["rows"]:
         lines.append("| " + " | ".join(_export_cells(r)) + " |")
+    ops = sorted(
+        {o for r in d["rows"] for o in r.get("op_coverage", {}).get("non_delegated_ops", [])}
+    )
+    if ops:
+        lines += ["", "Ops left to the portable runtime (not XNNPACK): " + ", ".join(ops)]
     return "\n".join(lines) + "\n"
 
 
@@ -146,7 +151,8 @@ def matmul_kernels_md(d: dict[str, Any], src: Path) -> str:
 
 
 FUZZ_COLS = ("inputs", "accepted", "rejected", "crashes", "invalid_accepted", "kills",
-             "killed_mid_write", "bundles_missing", "partial_validated", "junk_after_next_run")  # fmt: skip
+             "killed_mid_write", "finished_before_kill", "bundles_missing", "partial_validated",
+             "junk_after_next_run", "seconds")  # fmt: skip
 
 
 def fuzz_md(d: dict[str, Any], src: Path) -> str:
@@ -157,7 +163,7 @@ def fuzz_md(d: dict[str, Any], src: Path) -> str:
         "|---" * (len(FUZZ_COLS) + 2) + "|",
     ]
     for name, row in sorted(d["results"].items()):
-        lines.append(f"| {name} | " + " | ".join(_num(row.get(c)) for c in FUZZ_COLS)
+        lines.append(f"| {name} | " + " | ".join(_num(row.get(c), ".0f" if c == "seconds" else ".3g") for c in FUZZ_COLS)
                      + f" | {row.get('run')} |")  # fmt: skip
     lines += ["", "Parts (a row is the sum of its parts):", ""]
     for name, parts in sorted(d["parts"].items()):
@@ -298,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in written:
         print(f"rendered            {p.relative_to(a.reports)}")
     for p in kept:
-        print(f"md kept as written  {p.relative_to(a.reports)}")
+        print(f"kept as written     {p.relative_to(a.reports)}")
     print(f"{len(written)} files rendered from JSON, {len(kept)} kept as written")
     return 0
 

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in written:
         print(f"rendered            {p.relative_to(a.reports)}")
     for p in kept:
-        print(f"kept as written     {p.relative_to(a.reports)}")
+        print(f"{p.suffix[1:]} kept as written  {p.relative_to(a.reports)}")
     print(f"{len(written)} files rendered from JSON, {len(kept)} kept as written")
     return 0
 

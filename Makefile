@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BUNDLES ?= bundles
 
-.PHONY: venv assets java-deps demo demo-backends test lint slow clean
+.PHONY: venv assets java-deps demo demo-backends test lint slow clean reports
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,11 @@ test: assets lint java-deps
 slow: assets
 	$(BIN)/omnidraft assets fetch --models
 	$(BIN)/pytest -m slow
+
+# re-render reports/<benchmark>/*.md and *.png from the JSON beside them (docs/render_reports.py;
+# it lists the reports it keeps as written). Needs only the venv's matplotlib.
+reports: venv
+	$(BIN)/python docs/render_reports.py
 
 clean:
 	rm -rf $(VENV) $(BUNDLES) build dist *.egg-info

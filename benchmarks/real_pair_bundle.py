@@ -22,7 +22,7 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 ``--modes exact`` adds ``*_t07`` rows: ``exact`` sampling at temperature 0.7 (seeded), compared by
 tokens/s, since sampled outputs differ between runs. Every prompt runs every method round-robin
 (``real_pair.run_side_by_side``), the load average is recorded at start and end; ``report`` writes
-``reports/<name>.{json,md}`` and a plot per task (``real_pair_report``).
+``reports/<name>/<name>.{json,md}`` and a plot per task (``real_pair_report``).
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def cmd_lossless(a: argparse.Namespace) -> None:
         rep["passed"] = rep["chi2_z"] < 4.0
         log.info("%s", rep)
         report.append(rep)
-    out = Path(a.out_dir) / f"{a.name}_lossless.json"
+    out = Path(a.out_dir) / a.name / f"{a.name}_lossless.json"
     meta = {"command": " ".join(sys.argv), "revision": _revision(), "load_avg": os.getloadavg()}
     write_text_atomic(out, json.dumps({"meta": meta, "prompts": report}, indent=1) + "\n")
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.verb == "report":
         from real_pair_report import write_report  # type: ignore[import-not-found]
 
-        write_report(Path(a.chunk_dir) / a.name, Path(a.out_dir), a.name)
+        write_report(Path(a.chunk_dir) / a.name, Path(a.out_dir) / a.name, a.name)
     elif a.verb == "lossless":
         cmd_lossless(a)
     else:

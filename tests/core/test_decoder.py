@@ -166,3 +166,36 @@ def test_non_finite_target_logits_raise_instead_of_decoding() -> None:
         SpeculativeDecoder(
             NaNAfter(target, len(ids) + 3), drafter, mapper, FixedDraftLen(3), config=cfg
         ).generate(ids)
+
+
+class PaddedLM:
+    """A drafter whose graph has ``pad`` rows past its tokenizer (every Qwen embedding), the
+    padded ids given the highest logits: they must never be drafted."""
+
+    def __init__(self, inner: EagerLM, pad: int) -> None:
+        self.inner, self.pad = inner, pad
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size + self.pad
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.inner.max_seq_len
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        logits = self.inner.forward(token_ids, start_pos)
+        big = logits.amax(-1, keepdim=True) + 10.0
+        return torch.cat([logits, big.expand(*logits.shape[:-1], self.pad)], -1)
+
+
+def test_padded_drafter_rows_are_never_drafted() -> None:
+    _, tt, mapper, target, drafter = _pair()
+    cfg = DecodeConfig(max_new_tokens=24)
+    padded = PaddedLM(drafter, pad=7)
+    for prompt in ("ab ca", " abc abc"):
+        ids = tt.encode(prompt)
+        ref, _ = generate_target_only(target, ids, cfg)
+        dec = SpeculativeDecoder(target, padded, mapper, FixedDraftLen(3), NGramCache(), config=cfg)
+        out, stats = dec.generate(ids)
+        assert out == ref and stats.proposed > 0

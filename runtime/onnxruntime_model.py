@@ -6,8 +6,12 @@ and their logits straight into the array this class returns) and static-T chunki
 (``forward(token_ids, start_pos)``).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
-threads (None: ORT's default, one per physical core), ``spinning`` (None: ORT's threading
-defaults; False for sessions that share the cores, ``onnx_host.cpu_session``), and
+threads (None: ORT's default, one per physical core), ``spinning`` (default False: a drafter
+and a target take turns on the same cores, and a pool left spinning after its call steals the
+core the other session's call needs: on 2 cores, Qwen2.5-Coder-1.5B w8a8 + SmolLM2-135M int8,
+a target call right after a drafter call took 156 ms with ORT's default spinning against 107 ms
+without, and the drafter call 25 ms against 14 ms (``benchmarks/real_pair_bundle.py``, issue
+26); None: ORT's threading defaults), and
 ``huge_pages`` (default on): the session's weights are moved onto transparent huge pages
 (``omnidraft_deploy.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
 """
@@ -37,7 +41,7 @@ class OrtModel(RuntimeModel):
         session: Any | None = None,
         decode: Path | Any | None = None,
         threads: int | None = None,
-        spinning: bool | None = None,
+        spinning: bool | None = False,
         huge_pages: bool = True,
     ) -> None:
         """``decode``: a static-T graph's T = 1 twin (``GraphInfo.decode_file``), a session or a

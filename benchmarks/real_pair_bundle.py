@@ -48,7 +48,7 @@ from omnidraft_deploy.manifest import write_text_atomic
 from omnidraft_deploy.profile import measure
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, FixedDraftLen
 from omnidraft_deploy.speculative.drafter import Mode
 from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
@@ -230,21 +230,23 @@ def two_token_law(bundle: OpenBundle, ids: list[int], cfg: DecodeConfig,
 
 
 def cmd_lossless(a: argparse.Namespace) -> None:
-    """``exact`` sampling at T = 0.7 with the bundle's drafter: the law of the first two tokens
-    against the target's own (chi-square, small cells pooled; z < 4 passes)."""
+    """``exact`` sampling at T = 0.7 with the bundle's drafter proposing 3 tokens every step: the
+    law of the first two tokens against the target's own (chi-square, small cells pooled; z < 4
+    passes)."""
     from collections import Counter
 
     from omnidraft_deploy.speculative.lossless import deviation_report
 
     bundle = open_bundle(a.bundle, threads=a.threads)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
-    prof = _profiles(bundle, None, 3)["smollm2"]
     cfg = DecodeConfig(mode=Mode.EXACT, temperature=0.7, max_new_tokens=2, eos_ids=(),
                        vocab_limit=bundle.mapper.target_vocab_size, host_threads=1)  # fmt: skip
     report = []
     for task, ids in load_prompts(tok, a.tasks.split(","), 1):
         law = two_token_law(bundle, ids, cfg)
-        dec = _decoder(bundle, prof, cfg, model=True, lookup=a.lookup)
+        # a fixed draft length: every step proposes, so acceptance and rejection both run
+        dec = SpeculativeDecoder(bundle.target, bundle.drafter, bundle.mapper,
+                                 FixedDraftLen(3), None, config=cfg)  # fmt: skip
         gen = torch.Generator().manual_seed(a.seed)
         counts: Counter[tuple[int, ...]] = Counter()
         proposed = accepted = 0
@@ -303,7 +305,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", default="code,chat")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lookup", action="store_true", help="lookup drafts too (hybrid)")
     p.add_argument("--name", default="real_pair_1p5b")
     p.add_argument("--out-dir", default="reports")
     p = sub.add_parser("report")

@@ -26,7 +26,9 @@ def _tasks(rows: list[dict[str, Any]]) -> list[str]:
 
 def _rate(rows: list[dict[str, Any]], walls: dict[Any, tuple[float, int]]) -> float:
     """Speedup over a baseline's rows on the same prompts: time ratio when both made the same
-    number of tokens (greedy), else the tokens/s ratio (sampled rows differ in length)."""
+    number of tokens (greedy), else the tokens/s ratio (sampled rows differ in length). Only
+    the prompts the baseline ran count (a peer may be missing from a chunk)."""
+    rows = [r for r in rows if r["prompt"] in walls]
     bw = sum(walls[r["prompt"]][0] for r in rows)
     bt = sum(walls[r["prompt"]][1] for r in rows)
     wall, tok = sum(r["wall_s"] for r in rows), sum(r["n_tokens"] for r in rows)

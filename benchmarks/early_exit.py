@@ -171,8 +171,9 @@ def _export_drafter(drafter: Transformer, spec: Any, quant: str, root: Path) -> 
     against eager PyTorch (``exporters.verify``; raises outside the recipe's tolerance)."""
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
+
+    from omnidraft_deploy.backends import get_recipe
 
     out = root / f"{spec.name}-{quant}"
     recipe = get_recipe("onnx", quant)

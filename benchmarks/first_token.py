@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids, start_windows
+from omnidraft_deploy.exporters.quant.calibration import calibration_ids, start_windows
 from omnidraft_deploy.exporters.verify import prompt_ids
 
 from omnidraft_deploy.presets import get_preset

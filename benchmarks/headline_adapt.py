@@ -73,7 +73,7 @@ def _onnx_graph(
 ) -> tuple[Path, Any]:
     """Export ``model`` (fp32, dynamic T) to ``path`` unless cached there; returns (path, info)."""
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
     if not path.is_file():

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.onnx_fused import GraphWriter
+from omnidraft_deploy.exporters.onnx.fused import GraphWriter
 
 from omnidraft_deploy.manifest import write_text_atomic
 from omnidraft_deploy.profile import ort_session

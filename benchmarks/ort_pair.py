@@ -102,8 +102,7 @@ def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
     """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: see
     ``parse_quant``. A cached graph is reused with its parity and ``GraphInfo`` (no eager model
     is loaded)."""
-    from omnidraft_deploy.exporters.quantize import get_recipe
-
+    from omnidraft_deploy.backends import get_recipe
     from omnidraft_deploy.manifest import GraphInfo
 
     out = root / f"{source.replace(':', '-')}-{quant}"
@@ -132,8 +131,9 @@ def _graph_info_json(path: Path) -> str:
 def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_len: int) -> Any:
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
+
+    from omnidraft_deploy.backends import get_recipe
 
     spec, model = _eager(source, max_seq_len)
     base, level, invariant = parse_quant(quant)

@@ -91,10 +91,14 @@ def build_genai(preset: str, precision: str, *, force: bool = False) -> dict[str
 def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str, Any]:
     """Our fused graph of ``preset`` (``target.onnx`` + ``.ort``), every stage timed."""
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.onnx.graph import (
+        convert_to_ort,
+        export_onnx,
+        ort_format_blocker,
+    )
     from omnidraft_deploy.exporters.verify import verify_artifact
 
+    from omnidraft_deploy.backends import get_recipe
     from omnidraft_deploy.presets import get_preset
     from omnidraft_deploy.reference.load import load_model
 
@@ -125,9 +129,9 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
 
 
 def export_pte(preset: str) -> None:
-    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte as write_pte
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte as write_pte
 
+    from omnidraft_deploy.backends import get_recipe
     from omnidraft_deploy.presets import get_preset
     from omnidraft_deploy.reference.load import load_model
 

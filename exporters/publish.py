@@ -19,9 +19,9 @@ from pathlib import Path
 
 from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.bundle import file_roles
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import verify_artifact
 
+from omnidraft_deploy.backends import get_recipe
 from omnidraft_deploy.manifest import (
     Manifest,
     atomic_bundle_dir,

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
 from omnidraft_deploy import graph_contract as gc
+from omnidraft_deploy.backends import QuantRecipe
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer

@@ -39,7 +39,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     for note in inputs.notes:
         print(f"note: {note}", file=sys.stderr)
     from omnidraft_deploy.exporters.bundle import ExportConfig
-    from omnidraft_deploy.exporters.checked_export import export_resolved
+    from omnidraft_deploy.exporters.export import export_pair
+    from omnidraft_deploy.runtime.bundle import check_bundle
 
     cfg = ExportConfig(
         target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
@@ -48,7 +49,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         drafter_model=args.drafter_model, verify=not args.no_verify,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
-        path = export_resolved(cfg, inputs)
+        path = export_pair(cfg, inputs, opener=check_bundle)  # never publish what open refuses
     manifest = json.loads((path / "manifest.json").read_text())
     size = sum(f["size"] for f in manifest["files"].values()) / 1e6
     parity = manifest["graphs"]["target"].get("parity", {})

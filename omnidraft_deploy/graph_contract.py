@@ -1,7 +1,7 @@
 """The graph-call contract: how every exported graph is called, in one place.
 
-Used by export verification (``exporters.verify``), calibration (``exporters.calibration``), the
-exporters that write the names (``exporters.exportable``, ``exporters.onnx_fused``) and the
+Used by export verification (``exporters.verify``), calibration (``exporters.quant.calibration``), the
+exporters that write the names (``exporters.exportable``, ``exporters.onnx.fused``) and the
 runtime (``runtime.onnxruntime_model``, ``runtime.qnn_model``, ``runtime.executorch_model``).
 No other module spells a graph input or output name.
 
@@ -12,7 +12,7 @@ ONNX graphs (explicit caches, T dynamic or static):
 - output ``logits (1, T, V)``: only this call's rows;
 - ``CacheIO.CHUNK`` graphs (plain ops: QNN, swappable drafters) output ``cache_out_{i} (1, KV, T,
   D)``, this chunk's new entries, which the host writes at ``input_pos``;
-- ``CacheIO.SHARED`` graphs (fused GroupQueryAttention: ``exporters.onnx_fused``) output
+- ``CacheIO.SHARED`` graphs (fused GroupQueryAttention: ``exporters.onnx.fused``) output
   ``present_{i}`` bound to the same buffer as ``cache_{i}``: the graph writes in place.
 
 Either way the caches live in preallocated host buffers wrapped once as ``OrtValue``s and bound

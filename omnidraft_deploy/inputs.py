@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omnidraft_deploy.backends import bytes_per_param
 from omnidraft_deploy.presets import ModelSpec, Source, get_preset, list_presets
 
 if TYPE_CHECKING:  # protocols imports torch; the checks here must not
     from omnidraft_deploy.protocols import TokenizerLike
 
 _FLAGS = {"target": ("--target", "--model"), "drafter": ("--drafter", "--drafter-model")}
-BYTES_PER_PARAM = {"fp32": 4.0, "int8": 1.1, "int8-dyn": 1.1, "w8a8": 1.1, "int4": 0.6, "8da8w": 1.1,
-                   "8da4w": 0.6}  # fmt: skip
 EXPORT_PEAK_FACTOR = 2.3  # peak host RSS / fp32 weights, measured (README, Qwen2.5-0.5B ONNX)
 
 
@@ -260,7 +259,11 @@ def _mem_bytes(key: str) -> int | None:
 def check_resources(out: Path, n_params: int, quantization: str) -> tuple[str, ...]:
     """Refuse when the bundle cannot fit on disk or the export cannot fit in memory (estimates);
     return notes when memory is merely tight. ``n_params``: both graphs together."""
-    need_disk = n_params * BYTES_PER_PARAM.get(quantization, 4.0) * 1.1
+    per_param = bytes_per_param()  # every recipe of backends.RECIPES has its own
+    if quantization not in per_param:
+        raise InputError("--quantization", f"unknown quantization {quantization!r}; choose from "
+                         f"{sorted(per_param)}")  # fmt: skip
+    need_disk = n_params * per_param[quantization] * 1.1
     parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
     free = shutil.disk_usage(parent).free
     if need_disk > free:

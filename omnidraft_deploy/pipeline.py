@@ -35,16 +35,18 @@ def build_pair(
     target_weights: str | None = None,
     drafter_weights: str | None = None,
 ) -> Pair:
-    """Both eager models (``reference.load``, the one loader), both tokenizers and the mapper."""
+    """Both eager models (``reference.load``, the one model loader) and the pair's tokenizers and
+    mapper (``vocab.pair.load_pair_vocab``, the one vocabulary assembly)."""
     from omnidraft_deploy.reference.load import load_lm
-    from omnidraft_deploy.vocab.build import build_mapper
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+    from omnidraft_deploy.vocab.pair import load_pair_vocab
 
-    target_tok, drafter_tok = load_tokenizer(target.tokenizer), load_tokenizer(drafter.tokenizer)
+    vocab = load_pair_vocab(
+        target, drafter, target_weights=target_weights, drafter_weights=drafter_weights
+    )
     return Pair(
         target=load_lm(target, seed=seed, max_seq_len=max_seq_len, weights=target_weights),
         drafter=load_lm(drafter, seed=seed + 1, max_seq_len=max_seq_len, weights=drafter_weights),
-        target_tok=target_tok,
-        drafter_tok=drafter_tok,
-        mapper=build_mapper(drafter_tok, target_tok),
+        target_tok=vocab.target_tok,
+        drafter_tok=vocab.drafter_tok,
+        mapper=vocab.mapper,
     )

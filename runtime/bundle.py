@@ -190,13 +190,15 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
         raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
-    # drafter ids index the map directly: sizes equal; the target graph may pad its vocabulary
-    if mapper.draft_vocab_size != d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
+    # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
+    # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
+    # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
+    if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
         raise BundleError(
             root / VOCAB_MAP,
             f"vocabulary sizes (drafter {mapper.draft_vocab_size}, target "
-            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size} "
-            f"must be equal, target {t_info.vocab_size} at least) in {MANIFEST_NAME} "
+            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size}, "
+            f"target {t_info.vocab_size}: each at least its map's) in {MANIFEST_NAME} "
             "graphs.drafter/target.vocab_size",
         )
     data = read_listed(

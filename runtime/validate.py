@@ -28,13 +28,9 @@ from omnidraft_deploy.expected import from_bytes as expected_from_bytes
 from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, write_bytes_atomic
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.parity import eager_step, parity, step_speed
-from omnidraft_deploy.presets import Source, get_preset
 from omnidraft_deploy.profile import load_profile
-from omnidraft_deploy.prompts import load_prompts
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
-from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
@@ -45,7 +41,6 @@ from omnidraft_deploy.speculative.decoder import (
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.stats import DecodeStats
-from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
 __all__ = ["SESSION_CACHE"]  # re-exported: tests and the CLI import it from here
 MAX_EXPECTED_BYTES = 16 << 20
@@ -60,18 +55,6 @@ def graph_parity(
     single tokens, a rollback re-feed from an earlier slot and one more step.
     """
     return parity(model.forward, eager_step(eager), prompts, decode_steps=steps)
-
-
-def _eager_target(bundle: OpenBundle) -> EagerLM:
-    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
-    return EagerLM(
-        load_model(
-            get_preset(info.preset),
-            seed=extras["seed"] if type(extras.get("seed")) is int else 0,  # tiny twins only
-            max_seq_len=info.max_seq_len,
-            weights=None,  # extras are informational: never a path or hub id to load
-        )
-    )
 
 
 def _decoder(
@@ -105,40 +88,25 @@ def _decoder(
 
 
 def _reference(
-    bundle: OpenBundle, prompts: list[tuple[str, list[int]]] | None, max_new_tokens: int
+    bundle: OpenBundle, max_new_tokens: int
 ) -> tuple[str, list[tuple[str, list[int], list[int]]], int]:
-    """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare).
-
-    ``expected.json`` (the eager target's output recorded at export) when the bundle has it;
-    otherwise the eager target rebuilt from its preset alone (random twin + seed, pinned GGUF,
-    pretrained: the graphs are not involved). Without ``expected.json``, a bundle of the user's
-    own weights is refused: no path in the manifest is ever loaded.
-    """
+    """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare): the eager
+    target's output recorded at export (``expected.json``; every export writes it). A bundle
+    without one is refused: no path in the manifest is ever loaded."""
     files = bundle.manifest.files
-    if EXPECTED_FILE in files:
-        raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
-                          max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
-        doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
-        n = min(max_new_tokens, int(doc["max_new_tokens"]))
-        rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
-        return "expected.json (eager fp32 target, recorded at export)", rows, n
-    # bundles written by export_bundle / export_pair directly (tests, benchmarks)
-    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
-    if extras.get("target_model") is not None or get_preset(info.preset).source is Source.HF:
-        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against, "
-                          "and the target's weights are not the preset's own: export it again")  # fmt: skip
-    if prompts is None:
-        tok = load_bundle_tokenizer(bundle.root, "target", files)
-        prompts = [(p.task, tok.encode(p.text)) for p in load_prompts()]
-    eager = _eager_target(bundle)
-    cfg = _decoder(bundle, max_new_tokens).cfg
-    rows = [(task, ids, generate_target_only(eager, ids, cfg)[0]) for task, ids in prompts]
-    return f"eager {info.preset} rebuilt from its preset", rows, max_new_tokens
+    if EXPECTED_FILE not in files:
+        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against: "
+                          "export the bundle again")  # fmt: skip
+    raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
+                      max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
+    doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
+    n = min(max_new_tokens, int(doc["max_new_tokens"]))
+    rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
+    return "expected.json (eager fp32 target, recorded at export)", rows, n
 
 
 def validate_bundle(
     bundle_dir: str | Path,
-    prompts: list[tuple[str, list[int]]] | None = None,
     *,
     max_new_tokens: int = 24,
     provider: str | None = None,
@@ -147,10 +115,10 @@ def validate_bundle(
     """Greedy, per prompt: runtime target-only == the independent reference (``_reference``),
     and runtime speculative == runtime target-only. Reads the bundle only; writes nothing.
 
-    ``prompts`` matter only for bundles without ``expected.json``; ``progress`` wraps the loop.
+    ``progress`` wraps the loop.
     """
     bundle = open_bundle(bundle_dir, provider=provider)
-    source, reference, n = _reference(bundle, prompts, max_new_tokens)
+    source, reference, n = _reference(bundle, max_new_tokens)
     dec = _decoder(bundle, n)
     rows = []
     for task, ids, ref in progress(reference) if progress else reference:

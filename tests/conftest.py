@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,28 @@ def require_asset_path(name: str) -> Path:
 def require_asset() -> Callable[[str], Path]:
     """``require_asset("vocab-llama-spm-gguf") -> Path``; see ``require_asset_path``."""
     return require_asset_path
+
+
+@pytest.fixture(autouse=True)
+def _exports_open_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: every bundle a test writes through the one export path
+    (``exporters.export.export_pair``) is opened with the runtime's opener (``open_bundle``:
+    every check, then both graphs' sessions) before it is published, so no test passes on a
+    bundle that the runtime would refuse. The CLI passes ``check_bundle`` the same way."""
+    from omnidraft_deploy.exporters import export
+
+    real = export.export_bundle
+
+    def export_bundle(cfg: Any, **kw: Any) -> Path:
+        given = kw.pop("opener", None)
+
+        def opener(staged: Path) -> None:
+            from omnidraft_deploy.runtime.bundle import open_bundle
+
+            if given is not None:
+                given(staged)
+            open_bundle(staged)
+
+        return real(cfg, opener=opener, **kw)
+
+    monkeypatch.setattr(export, "export_bundle", export_bundle)

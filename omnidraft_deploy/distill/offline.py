@@ -232,10 +232,9 @@ def _save_atomic(tensors: dict[str, Tensor], path: Path, meta: dict[str, str]) -
 
 
 def mapper_for(drafter: ModelSpec, target: ModelSpec) -> MapperLike:
-    from omnidraft_deploy.vocab.build import build_mapper
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+    from omnidraft_deploy.vocab.pair import load_pair_vocab
 
-    return build_mapper(load_tokenizer(drafter.tokenizer), load_tokenizer(target.tokenizer))
+    return load_pair_vocab(target, drafter).mapper
 
 
 def cached_topk(target: ModelSpec, recipe: EarlyExitRecipe, cache_dir: Path) -> TopK:

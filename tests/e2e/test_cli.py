@@ -190,24 +190,26 @@ def test_expected_json_is_what_the_target_graph_computes(tmp_path: Path) -> None
     metadata names a sink token is recorded from the target after that sink (``reference.sink``),
     any other from the target itself."""
     import onnx
-    from omnidraft_deploy.exporters.bundle import ExportConfig
-    from omnidraft_deploy.exporters.checked_export import record_target
+    from omnidraft_deploy.exporters.export import record_target
 
     from omnidraft_deploy.expected import from_bytes
     from omnidraft_deploy.inputs import resolve_export
-    from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, get_preset
+    from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.reference.sink import SINK_KEY
 
     out = tmp_path / "b"
     inputs = resolve_export(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, model=None,
                             drafter_model=None, out_dir=out, force=False, quantization="fp32")  # fmt: skip
-    cfg = ExportConfig(target=DEFAULT_TARGET, backend="onnx", out_dir=out, max_seq_len=48)
+    model = load_model(get_preset(DEFAULT_TARGET), max_seq_len=48)
     graphs = {}
     for name, meta in (("plain", {}), ("sinked", {SINK_KEY: "1"})):
         proto = onnx.helper.make_model(onnx.helper.make_graph([], name, [], []))
         for k, v in meta.items():
             proto.metadata_props.add(key=k, value=v)
         onnx.save(proto, str(tmp_path / f"{name}.onnx"))
-        graphs[name] = from_bytes(record_target(cfg, inputs, tmp_path / f"{name}.onnx"), name)
+        graphs[name] = from_bytes(
+            record_target(model, inputs.target.tokenizer, tmp_path / f"{name}.onnx"), name
+        )
     outputs = {k: [r["output_ids"] for r in doc["prompts"]] for k, doc in graphs.items()}
     assert outputs["plain"] != outputs["sinked"]  # the sink changes the tiny target's greedy text

@@ -41,8 +41,9 @@ def test_smollm2_exports_and_reloads_within_tolerance(
     smollm2: Transformer, tmp_path: Path, backend: str, quant: str, suffix: str
 ) -> None:
     from omnidraft_deploy.exporters import get_exporter
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import prompt_ids, verify_artifact
+
+    from omnidraft_deploy.backends import get_recipe
 
     pytest.importorskip(
         {"onnx": "onnxruntime", "qnn": "onnxruntime_qnn"}.get(backend, "executorch")

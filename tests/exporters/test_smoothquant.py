@@ -1,4 +1,4 @@
-"""SmoothQuant folding (``exporters.smoothquant``): the fp32 function is unchanged, per-row int8
+"""SmoothQuant folding (``exporters.quant.smoothquant``): the fp32 function is unchanged, per-row int8
 activations lose less, and the scales follow the formula."""
 
 from __future__ import annotations
@@ -7,7 +7,11 @@ import dataclasses
 
 import pytest
 import torch
-from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed, smoothing_scales
+from omnidraft_deploy.exporters.quant.smoothquant import (
+    activation_absmax,
+    smoothed,
+    smoothing_scales,
+)
 
 from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import build_model

@@ -70,7 +70,8 @@ save_checkpoint(path, {f"w{i}": torch.full((256, 256), float(version)) + torch.r
 
 _EXPORT = """
 import sys
-from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+from omnidraft_deploy.exporters.bundle import ExportConfig
+from omnidraft_deploy.exporters.export import export_pair
 export_pair(ExportConfig(target="tiny-llama3-8b", drafter="tiny-llama-68m", backend="onnx",
                          out_dir=sys.argv[1], max_seq_len=32, draft_len=3, seed=int(sys.argv[2])))
 """

@@ -44,7 +44,7 @@ def info_for(model: Transformer, file: str, seq_len: int | None = None) -> Graph
 
 def write_onnx(model: Transformer, path: Path, seq_len: int | None = None) -> GraphInfo:
     pytest.importorskip("onnxruntime")
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     info = info_for(model, path.name, seq_len)
     export_onnx(model, path, info=info, seq_len=seq_len)

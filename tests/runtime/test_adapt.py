@@ -12,7 +12,8 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
 
     cfg = ExportConfig(
         target="tiny-llama3-8b",

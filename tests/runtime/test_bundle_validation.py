@@ -20,7 +20,8 @@ BACKENDS = ["onnx", "xnnpack", "qnn"]
 
 
 def _export(backend: str, out: Path) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
 
     quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-a16w8"}[backend]
     cfg = ExportConfig(
@@ -59,7 +60,7 @@ def test_export_records_parity_and_validates(bundle: Path) -> None:
     for info in manifest.graphs.values():
         assert info.parity["max_abs_logit_diff"] <= info.parity["tolerance"]
     provider = "qnn" if manifest.backend == "qnn" else "cpu"
-    report = validate_bundle(bundle, _prompts(bundle), max_new_tokens=8, provider=provider)
+    report = validate_bundle(bundle, max_new_tokens=8, provider=provider)
     assert report["speculative_equal"] == report["prompts"]  # lossless through the runtime
     if manifest.graphs["target"].quantization == "fp32":
         assert report["eager_equal"] == report["prompts"]

@@ -4,7 +4,7 @@ Round-to-nearest int4 in blocks of 32 keeps only 0.84 of Qwen2.5-0.5B's teacher-
 (``benchmarks/quant_probe.py --study int4``). GPTQ quantises one input column at a time and moves
 each column's error onto the columns not yet quantised, weighted by the inverse of the layer's
 input Hessian ``H = X^T X`` (from calibration text), so the layer's *output* error is what is
-minimised, not the weights'. The grid is the ``int4`` recipe's (``onnx_fused.int4_grid``):
+minimised, not the weights'. The grid is the ``int4`` recipe's (``quant.grids.int4_grid``):
 16 levels from min to max per block of ``block`` inputs, float offset; block parameters are set
 from the weights as they stand when the block's first column is reached.
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from omnidraft_deploy.exporters.calibration import input_stats
-from omnidraft_deploy.exporters.onnx_fused import int4_codes, int4_grid
+from omnidraft_deploy.exporters.quant.calibration import input_stats
+from omnidraft_deploy.exporters.quant.grids import int4_codes, int4_grid
 from torch import Tensor, nn
 
 

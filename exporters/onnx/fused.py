@@ -18,7 +18,7 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   ``benchmarks/matmul_kernels.py``, reports/matmul_kernels.json): Qwen2.5's lm_head 896x151936
   takes 4.6 / 4.8 / 5.8 ms for T = 1 / 2 / 8 rows against MatMulNBits' 6.6 / 8.2 / 13.6, so
   verification width gets cheap. The coarser activation scale needs SmoothQuant
-  (``exporters.smoothquant``), applied by the exporter before the graph is written.
+  (``exporters.quant.smoothquant``), applied by the exporter before the graph is written.
 
 Cache contract (``omnidraft_deploy.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
 ``input_pos`` (contiguous positions; ``seqlens_k = input_pos[-1]``, ``total_sequence_length =
@@ -35,70 +35,17 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters import onnx_invariant
-from omnidraft_deploy.exporters.quantize import QuantRecipe, per_row_int8
+from omnidraft_deploy.exporters.onnx import invariant as onnx_invariant
+from omnidraft_deploy.exporters.quant.grids import per_row_int8, quantize_blocks
+from omnidraft_deploy.exporters.quant.int4_plan import fused_linears
 from torch import Tensor
 
 from omnidraft_deploy import graph_contract as gc
+from omnidraft_deploy.backends import Activations, QuantRecipe
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 MS = "com.microsoft"
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations x int8/int4 weights (fp32 accumulate)
-RECIPE_BITS = {"int8": 8, "int4": 4, "w8a8": 8}  # weight bits of the quantised recipes
-
-
-def int4_grid(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Step and float offset of the int4 grid of each block ``w (..., block)`` (last dim): the 16
-    levels ``offset + step * j`` spanning the block's min..max, GGUF Q4_1's layout (and Q4_K's
-    per sub-block). A model published in those formats (SmolLM2-135M's Q4_1 GGUF, the Q4_K
-    ffn_down layers of Qwen2.5-Coder-0.5B's) comes back on its own grid, exactly."""
-    lo, hi = w.amin(-1), w.amax(-1)
-    return ((hi - lo) / 15.0).clamp(min=1e-8), lo
-
-
-def int4_codes(w: Tensor, step: Tensor, offset: Tensor) -> Tensor:
-    """Codes 0..15 of ``w (..., block)`` on the grid ``offset + step * j`` (per block)."""
-    return torch.round((w - offset[..., None]) / step[..., None]).clamp(0, 15)
-
-
-def int4_blocks(w: Tensor, block: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``w (N, K)`` in blocks of ``block`` inputs (a padded last block padded with the minimum):
-    codes ``(N, n_blocks, block)`` and the grid's step and offset ``(N, n_blocks)``."""
-    n, k = w.shape
-    n_blocks = -(-k // block)
-    wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k), value=float(w.min()))
-    wb = wb.view(n, n_blocks, block)
-    step, offset = int4_grid(wb)
-    return int4_codes(wb, step, offset), step, offset
-
-
-def int4_rtn(w: Tensor, block: int) -> Tensor:
-    """``w (N, K)`` rounded to its int4 grid per block of ``block`` inputs (what the graph holds)."""
-    codes, step, offset = int4_blocks(w, block)
-    deq = codes * step[..., None] + offset[..., None]
-    return deq.view(w.shape[0], -1)[:, : w.shape[1]]
-
-
-def quantize_blocks(w: Tensor, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, Any]:
-    """``w (N, K)`` -> MatMulNBits ``B (N, n_blocks, block*bits/8) uint8``, ``scales (N*n_blocks,)``
-    and a third array: 8-bit None (zero point 128); 4-bit the float offsets ``(N, n_blocks)``.
-
-    8-bit: symmetric per block (``q = round(w/s) + 128``). 4-bit: ``int4_grid`` (step and float
-    offset per block, ``w ~ offset + step * q``); MatMulNBits holds ``step * (q - 8)`` (its
-    default zero point) and ``offset + 8 * step`` is added by the graph (``GraphWriter.linear``).
-    Two 4-bit values per byte, low first. A padded last block is padded with its own minimum.
-    """
-    n, k = w.shape
-    n_blocks = -(-k // block)
-    if bits == 8:
-        wb = torch.nn.functional.pad(w.float(), (0, n_blocks * block - k)).view(n, n_blocks, block)
-        scale = wb.abs().amax(-1).clamp(min=1e-8) / 127.0  # (N, nb)
-        q = (torch.round(wb / scale[..., None]) + 128).clamp(0, 255).to(torch.uint8)
-        return q.numpy(), scale.reshape(-1).numpy(), None
-    codes, step, offset = int4_blocks(w, block)
-    q = codes.to(torch.uint8)
-    packed = (q[..., 0::2] | (q[..., 1::2] << 4)).contiguous()  # (N, nb, block/2)
-    return packed.numpy(), step.reshape(-1).numpy(), offset.numpy()
 
 
 class GraphWriter:
@@ -115,7 +62,7 @@ class GraphWriter:
 
         self.helper, self.model = helper, ModelProto()
         self.bits, self.block, self.act_rows = bits, block, act_rows
-        # matmul name -> bits where not the graph's (``exporters.int4_plan``)
+        # matmul name -> bits where not the graph's (``exporters.quant.int4_plan``)
         self.plan = plan or {}
         self._shared: set[str] = set()
         self.data, self.location = data, location
@@ -261,7 +208,7 @@ def _layer(model: Transformer, i: int) -> DecoderLayer:
 def _attention(
     g: GraphWriter, model: Transformer, i: int, h: str, pos: tuple[str, str] | None
 ) -> str:
-    """One layer's attention; ``pos`` None: the batch-invariant plain-op form (``onnx_invariant``)."""
+    """One layer's attention; ``pos`` None: the batch-invariant plain-op form (``invariant``)."""
     a, attn = model.args, _layer(model, i).self_attn
     w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
     biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
@@ -303,24 +250,29 @@ def _norm(g: GraphWriter, x: str, skip: str | None, weight: Tensor, name: str, e
     return f"{name}/out"
 
 
+def weight_bits(recipe: QuantRecipe | None) -> int:
+    """The graph's matmul width from the recipe's fields: 0 (fp32 MatMul), 8 or 4."""
+    return 0 if recipe is None or recipe.weight_bits == 32 else recipe.weight_bits
+
+
 def build_graph(
     model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
     location: str = "", invariant: bool = False, plan: dict[str, int] | None = None,
 ) -> Any:  # fmt: skip
     """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
     that open file as external data named ``location`` (see ``GraphWriter``). ``plan``: bits of
-    named body matmuls where they differ from the recipe's (``exporters.int4_plan``).
+    named body matmuls where they differ from the recipe's (``exporters.quant.int4_plan``).
 
-    ``invariant``: batch-invariant attention from plain ops (``onnx_invariant``, ``CacheIO.CHUNK``)
+    ``invariant``: batch-invariant attention from plain ops (``invariant``, ``CacheIO.CHUNK``)
     instead of ``GroupQueryAttention`` (``CacheIO.SHARED``)."""
     import onnx
     from onnx import TensorProto, helper
 
     a = model.args
-    name = recipe.name if recipe else "fp32"
-    bits = RECIPE_BITS.get(name, 0)
+    bits = weight_bits(recipe)
+    act_rows = recipe is not None and recipe.activations is Activations.ROWS
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location,
-                    act_rows=name == "w8a8", plan=plan)  # fmt: skip
+                    act_rows=act_rows, plan=plan)  # fmt: skip
     cos, sin = (
         model.get_buffer("rope_cos"),
         model.get_buffer("rope_sin"),
@@ -371,13 +323,11 @@ def weight_bytes(
     and a 4-byte offset), each body matmul at its ``plan`` width, the head at 8 bits in an int4
     graph (``_lm_head``)."""
     a = model.args
-    bits = RECIPE_BITS.get(recipe.name if recipe else "fp32", 0)
+    bits = weight_bits(recipe)
     block = recipe.group_size if recipe else 32
     head_bits = 8 if bits == 4 else bits
     width = {id(model.lm_head.weight): head_bits}
     if plan:
-        from omnidraft_deploy.exporters.int4_plan import fused_linears
-
         for fused, linears in fused_linears(model):
             width |= {id(m.weight): plan.get(fused, bits) for m in linears}
     total = 0

@@ -13,16 +13,16 @@ htp_compile.
 - The residual stream is turned by a seeded orthogonal matrix folded into the weights
   (``reference.rotate``, QuaRot): the same function with its outlier channels spread, so the
   uint16 scales of the residual ``Add``s, norms and ``o_proj`` / ``down_proj`` outputs are finer.
-- Weight matmuls are ``Gemm`` (``qnn_weights.matmuls_to_gemm``): ONNX Runtime's QNN quantiser
+- Weight matmuls are ``Gemm`` (``weights.matmuls_to_gemm``): ONNX Runtime's QNN quantiser
   gives MatMul weights one scale per tensor, Gemm one per output channel. The lm_head is constant
-  vocabulary chunks concatenated in the graph (``qnn_lm_head``: traced, it was a Transpose of the
+  vocabulary chunks concatenated in the graph (``lm_head``: traced, it was a Transpose of the
   table, quantised as a uint16 activation the HTP refused).
-- gptq: 8-bit symmetric per-channel weights by GPTQ on held-out text (``qnn_weights``), codes
+- gptq: 8-bit symmetric per-channel weights by GPTQ on held-out text (``weights``), codes
   pinned through the quantiser; calibrate: real prompts through the fp32 graph, then windows
   of them read from position 0 (ranges for first tokens' massive activations: ``calibration``);
   quantize: ``get_qnn_qdq_config`` + ``quantize``, uint16 (``qdq-a16w8``, default) or uint8
   (``qdq-u8``) activations in QDQ format, what the Hexagon HTP runs.
-- The attention MatMuls (two activations) run in fp16 between Casts (``qnn_fp16``): the HTP's
+- The attention MatMuls (two activations) run in fp16 between Casts (``fp16``): the HTP's
   16 x 16-bit integer MatMul cost SmolLM2-135M's HTP run 5 points of top-1.
 - htp_compile: the QNN HTP backend with CPU fallback disabled, so any operator the NPU cannot
   take fails here and is reported by name; the EPContext model written beside the graph
@@ -30,7 +30,7 @@ htp_compile.
   without compiling) must hold nothing but EPContext nodes (100 % HTP placement). On x86
   ``onnxruntime-qnn`` simulates the HTP.
 
-``float_residual_stream`` (opt-in, ``qnn_mixed``) is the earlier answer to the massive
+``float_residual_stream`` (opt-in, ``mixed``) is the earlier answer to the massive
 activations (residual stream and RMSNorms in fp16; the simulated HTP does not finalize it).
 There is no fp32 QNN recipe: the HTP runs integer (or fp16) graphs.
 """
@@ -43,7 +43,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, cast
 
-from omnidraft_deploy.exporters.calibration import (
+from omnidraft_deploy.exporters.memory import stage
+from omnidraft_deploy.exporters.onnx.graph import WEIGHTS_LIMIT, export_onnx, set_metadata
+from omnidraft_deploy.exporters.qnn.fp16 import fp16_activation_matmuls
+from omnidraft_deploy.exporters.qnn.lm_head import DEFAULT_MAX_COLS, split_lm_head
+from omnidraft_deploy.exporters.qnn.mixed import float_residual
+from omnidraft_deploy.exporters.qnn.weights import Grids, gptq_linears, matmuls_to_gemm, pin_grids
+from omnidraft_deploy.exporters.quant.calibration import (
     StepReader,
     calibration_ids,
     in_vocab,
@@ -51,14 +57,8 @@ from omnidraft_deploy.exporters.calibration import (
     start_windows,
     step_feeds,
 )
-from omnidraft_deploy.exporters.memory import stage
-from omnidraft_deploy.exporters.onnx import WEIGHTS_LIMIT, export_onnx, set_metadata
-from omnidraft_deploy.exporters.qnn_fp16 import fp16_activation_matmuls
-from omnidraft_deploy.exporters.qnn_lm_head import DEFAULT_MAX_COLS, split_lm_head
-from omnidraft_deploy.exporters.qnn_mixed import float_residual
-from omnidraft_deploy.exporters.qnn_weights import Grids, gptq_linears, matmuls_to_gemm, pin_grids
-from omnidraft_deploy.exporters.quantize import QuantRecipe
 
+from omnidraft_deploy.backends import QuantRecipe
 from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.onnx_host import context_path, htp_session
@@ -87,10 +87,10 @@ def export_qnn(
     """Write the static-T (QDQ) graph to ``path``; returns calibration / HTP facts.
 
     ``prompts``: calibration token ids; None -> held-out real text through ``info.tokenizer``.
-    ``float_residual_stream``: leave the residual stream and RMSNorms unquantised (``qnn_mixed``).
+    ``float_residual_stream``: leave the residual stream and RMSNorms unquantised (``mixed``).
     ``sink``: the graph is the model conditioned on a sink token whose K/V are constants, and its
     RMSNorms are LpNormalization (``reference.sink``). ``gptq`` (with ``sink``: on the sinked copy, never
-    the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``qnn_weights``).
+    the caller's model): 8-bit weights by GPTQ, pinned through the quantiser (``weights``).
     ``rotate``: the residual stream turned by ``orthogonal(dim, ROTATION_SEED)`` (``reference.rotate``;
     a copy: the caller's model is not changed).
     ``info.decode_file``: also write the T = 1 twin there (``GraphInfo.decode_info``; same
@@ -154,7 +154,7 @@ class _QdqGraph:
             # residual stream + RMSNorm in fp16: top-1 0.041 -> 0.891 on SmolLM2 (CPU run of the QDQ
             # graph), but the HTP then fails to finalize the real graph (MEM_ALLOC): opt-in, open
             keep_float = float_residual(graph) if self.float_residual_stream else []
-            # per-channel weights (qnn_weights); the opt-in float graph keeps its MatMul names
+            # per-channel weights (weights); the opt-in float graph keeps its MatMul names
             extras["gemm_weights"] = 0 if self.float_residual_stream else matmuls_to_gemm(graph)
             extras["float_nodes"] = len(keep_float)
             # a new file (the trace's data stays); Qwen2.5-0.5B: external data from here on
@@ -164,7 +164,7 @@ class _QdqGraph:
             with stage(stages, "calibrate"):
                 feeds = step_feeds(fp32, info, self.calib + windows)
             extras["calibration_steps"], extras["calibration_windows"] = len(feeds), len(windows)
-            a16 = self.recipe.name == "qdq-a16w8"
+            a16 = self.recipe.activation_bits == 16
             config = get_qnn_qdq_config(
                 str(fp32),
                 StepReader(feeds),

@@ -5,7 +5,7 @@ Why: ``torch.onnx`` leaves a large linear as ``MatMul(h, Transpose(W))`` (its co
 stops at big tensors), so the quantiser sees the lm_head weight as an *activation*: with uint16
 activations SmolLM2-135M's 49152 x 576 table became a uint16 tensor the HTP refused inside the
 full graph. Writing ``W.T`` as constant initializers makes each chunk a weight (per-channel uint8
-once ``qnn_weights.matmuls_to_gemm`` has made it a Gemm) and bounds the size of each HTP matmul. A tied embedding keeps its own
+once ``weights.matmuls_to_gemm`` has made it a Gemm) and bounds the size of each HTP matmul. A tied embedding keeps its own
 table for the ``Gather`` (the file then holds the vocabulary twice, the price of tying on the HTP).
 """
 

@@ -37,7 +37,7 @@ import logging
 import time
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids, input_stats
+from omnidraft_deploy.exporters.quant.calibration import calibration_ids, input_stats
 from torch import Tensor, nn
 
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer

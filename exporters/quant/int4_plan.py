@@ -2,7 +2,7 @@
 
 Round-to-nearest int4 on every body matmul keeps teacher-forced top-1 0.85 of Qwen2.5-Coder-0.5B
 (12 shipped prompts, fused graph), while SmolLM2-135M, published as a Q4_1 GGUF, comes back on
-its own grid exactly (``onnx_fused.int4_grid``). So the recipe decides per fused matmul (a
+its own grid exactly (``quant.grids.int4_grid``). So the recipe decides per fused matmul (a
 layer's qkv, o_proj, gate_up, down_proj), as llama.cpp's Q4_K_M keeps some tensors at 6 bits:
 
 1. rank the matmuls by the share of their output that int4 rounding changes, weighting each
@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids, input_stats
-from omnidraft_deploy.exporters.onnx_fused import int4_rtn, quantize_blocks
-from omnidraft_deploy.exporters.quantize import Backend, swap_modules
+from omnidraft_deploy.exporters.quant.calibration import calibration_ids, input_stats
+from omnidraft_deploy.exporters.quant.grids import int4_rtn, quantize_blocks, swap_modules
 from torch import Tensor, nn
 
+from omnidraft_deploy.backends import Backend
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ _PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "o_proj": ("o_proj",),
 
 def fused_linears(model: Transformer) -> Iterator[tuple[str, list[nn.Module]]]:
     """``(graph name, the eager linears it packs)`` for every body matmul of the fused graph
-    (``onnx_fused``'s names: ``layers.<i>.qkv_proj`` / ``o_proj`` / ``gate_up`` / ``down_proj``)."""
+    (``onnx.fused``'s names: ``layers.<i>.qkv_proj`` / ``o_proj`` / ``gate_up`` / ``down_proj``)."""
     for i, layer in enumerate(model.model.layers):
         assert isinstance(layer, DecoderLayer)
         for fused, parts in _PARTS.items():
@@ -90,7 +90,7 @@ def relative_errors(model: Transformer, prompts: list[list[int]], block: int) ->
 def int4_parts(w: Tensor, block: int) -> tuple[Tensor, Tensor]:
     """``w (N, K)`` on its int4 grid split as the graph computes it: the part MatMulNBits holds,
     ``step * (code - 8)``, and the per-block constant ``offset + 8 * step`` the graph adds in fp32
-    (``onnx_fused.GraphWriter.block_offsets``), each expanded to ``(N, K)``."""
+    (``onnx.fused.GraphWriter.block_offsets``), each expanded to ``(N, K)``."""
     n, k = w.shape
     q, steps, offsets = quantize_blocks(w, 4, block)
     b = torch.from_numpy(q)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.gptq import gptq_per_channel, input_hessians
-from omnidraft_deploy.exporters.qnn_lm_head import drop_unused_initializers
+from omnidraft_deploy.exporters.qnn.lm_head import drop_unused_initializers
+from omnidraft_deploy.exporters.quant.gptq import gptq_per_channel, input_hessians
 from torch import nn
 
 log = logging.getLogger(__name__)

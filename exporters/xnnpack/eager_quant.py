@@ -1,4 +1,4 @@
-"""Quantisation recipes per backend, as data: name -> how to apply it and its parity tolerance.
+"""XNNPACK eager quantisation: the ``xnnpack`` recipes applied to the eager model before export.
 
 ``xnnpack`` recipes act on the eager model before ``torch.export`` (what ExecuTorch 1.5.1 +
 torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the ``.pte`` runtime):
@@ -23,31 +23,23 @@ torchao 0.18 lower to XNNPACK kernels, each checked here end to end through the 
   weight-only embedding lowers to ``torchao::dequantize_affine``, which has no out-variant kernel
   in the ExecuTorch runtime.
 
-``onnx`` recipes act on the exported fp32 graph: ``int8`` (``quantize_dynamic``, int8 weights,
-dynamic uint8 activations) and ``int4`` (``MatMulNBitsQuantizer``, blockwise int4 MatMulNBits);
-``w8a8`` (per-row int8 activations after SmoothQuant) exists in the fused graph only.
-``qnn`` recipes belong to ``exporters.qnn``. Tolerances bound the max |logit difference| and the
-top-1 agreement against eager fp32 on the verification prompts; they go into the manifest.
+Which scheme each linear gets is read from the recipe's fields (``linear``, ``head``,
+``fp32_linears``, ``embedding_bits``) and an int4 plan's bits; the grids are
+``exporters.quant.grids``.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
+from omnidraft_deploy.exporters.quant.grids import int4_blocks, per_row_int8, swap_modules
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-# The recipe table is data shared with the CLI and the manifest: ``omnidraft_deploy.backends``.
-from omnidraft_deploy.backends import RECIPES as RECIPES
-from omnidraft_deploy.backends import Backend as Backend
-from omnidraft_deploy.backends import QuantRecipe as QuantRecipe
-from omnidraft_deploy.backends import get_recipe as get_recipe
-from omnidraft_deploy.backends import recipe_names as recipe_names
-from omnidraft_deploy.graph_contract import LOGITS
+from omnidraft_deploy.backends import Backend, QuantRecipe
 
 
 def quantize_eager(
@@ -122,7 +114,7 @@ class Int4GroupLinear(nn.Module):
     XNNPACK's blockwise int4 GEMM (int8 per-token activations, ``qb4w``) takes symmetric groups
     only: a scale per group, no zero point. Round-to-nearest on that grid loses most of a small
     model (SmolLM2-135M: teacher-forced top-1 0.478), and a model published as GGUF Q4_1
-    is on an asymmetric grid already (``onnx_fused.int4_grid``: 16 levels from min to max per
+    is on an asymmetric grid already (``quant.grids.int4_grid``: 16 levels from min to max per
     block), which the symmetric grid cannot hold. Here each group of ``block`` inputs keeps its
     own grid exactly: the codes centred on 8 go to XNNPACK's kernel with the step as scale, and
     the per-group constant ``c = offset + 8 * step`` multiplies the group sums of the (fp32)
@@ -139,7 +131,6 @@ class Int4GroupLinear(nn.Module):
 
     @classmethod
     def from_float(cls, linear: nn.Module, block: int) -> Int4GroupLinear:
-        from omnidraft_deploy.exporters.onnx_fused import int4_blocks
 
         assert isinstance(linear, nn.Linear)
         n, k = linear.weight.shape
@@ -159,13 +150,6 @@ class Int4GroupLinear(nn.Module):
         constant: Tensor = self.constant  # type: ignore[assignment]
         y = self.centred(x) + nn.functional.linear(sums, constant)
         return y if self.bias is None else y + self.bias
-
-
-def per_row_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per row: (rows, cols) fp32 -> int8 (rows, cols), scales (rows,)."""
-    scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(weight / scales[:, None]).clamp(-128, 127).to(torch.int8)
-    return q, scales.float()
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -207,79 +191,3 @@ class Int8Embedding(nn.Module):
         return torch.ops.quantized_decomposed.embedding_byte.dtype(
             self.weight, self.scales, None, -128, 127, token_ids, dtype=torch.float32
         )
-
-
-def swap_modules(model: nn.Module, kind: type[nn.Module], make: object) -> None:
-    """Replace every ``kind`` submodule by ``make(old)`` (tied weights are quantised per user)."""
-    for name, child in list(model.named_children()):
-        if isinstance(child, kind):
-            setattr(model, name, make(child))  # type: ignore[operator]
-        else:
-            swap_modules(child, kind, make)
-
-
-def _lm_head_node(model: Any) -> str | None:
-    """Name of the MatMul that produces the ``logits`` output (through reshapes), if any."""
-    producer = {o: n for n in model.graph.node for o in n.output}
-    name, seen = LOGITS, 0
-    while name in producer and seen < 8:
-        node = producer[name]
-        if node.op_type == "MatMul":
-            return str(node.name)
-        name, seen = node.input[0], seen + 1
-    return None
-
-
-def quantize_onnx_file(src: Path, dst: Path, recipe: QuantRecipe) -> None:
-    """Apply an ONNX recipe to a written fp32 graph (src -> dst, weights inline: < 2 GB)."""
-    if recipe.backend is not Backend.ONNX or recipe.name == "fp32":
-        raise ValueError(f"{recipe.backend}/{recipe.name} is not an ONNX file recipe")
-    if recipe.name == "int8-dyn":
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        # int8 weights and per-tensor int8 activations quantised at run time (MatMulInteger).
-        # Only weight matmuls: quantising Q.K^T / P.V and the embedding Gather too is worse still.
-        # Real LLM activations have outlier channels, so this loses top-1 badly on SmolLM2-135M
-        # (0.57, reports/export_report_quant.md): use weight-only "int8" for LLMs.
-        quantize_dynamic(
-            str(src),
-            str(dst),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            op_types_to_quantize=["MatMul", "Gemm"],
-            extra_options={"MatMulConstBOnly": True},
-        )
-        return
-    if recipe.name in ("int8", "int4"):
-        import onnx
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        # weight-only, blockwise along the input dimension (block = group_size), activations stay
-        # fp32: MatMulNBits. int4 is asymmetric (min/max per block), the layout of GGUF Q4_1, and
-        # keeps an untied lm_head at 8 bits (a second pass). A tied lm_head reads the embedding
-        # through a Transpose, not a constant, so it stays fp32 in both recipes (SmolLM2-135M).
-        model = onnx.load(str(src))
-        head = _lm_head_node(model)
-        quant = MatMulNBitsQuantizer(
-            model,
-            bits=8 if recipe.name == "int8" else 4,
-            block_size=recipe.group_size,
-            is_symmetric=recipe.name == "int8",
-            nodes_to_exclude=[head] if recipe.name == "int4" and head else [],
-        )
-        quant.process()
-        if recipe.name == "int4" and head:
-            quant = MatMulNBitsQuantizer(
-                quant.model.model,
-                bits=8,
-                block_size=recipe.group_size,
-                is_symmetric=True,
-                nodes_to_include=[head],
-            )
-            quant.process()
-        quant.model.save_model_to_file(str(dst), use_external_data_format=False)
-        return
-    raise ValueError(
-        f"{src.name}: ONNX recipe {recipe.name!r} is written by the fused exporter only "
-        "(exporters.onnx_fused; it needs head_dim % 16 == 0), not applied to a traced graph"
-    )

@@ -50,7 +50,7 @@ def prepare(g: Any, *, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
     all ``S = max_seq_len``: a row sees the same slot layout in every call, and the slots a longer
     call adds past its position are exact zeros in the softmax and in the weighted sum. L moves in
     whole blocks of 64, so the kernels' vector loops handle every real slot the same way (when
-    ``max_seq_len % 64 == 0``: ``exporters.onnx`` checks it). ``g``: an ``onnx_fused.GraphWriter``.
+    ``max_seq_len % 64 == 0``: ``exporters.onnx`` checks it). ``g``: an ``onnx.fused.GraphWriter``.
     """
 
     def c(name: str, value: Any) -> str:

@@ -3,7 +3,7 @@
 Two graph builds, one call contract (``omnidraft_deploy.graph_contract``):
 
 - fused (``fused=True``, the ``onnx`` backend's default): written node by node from the weights
-  by ``exporters.onnx_fused`` (GroupQueryAttention, SkipSimplifiedLayerNormalization,
+  by ``exporters.onnx.fused`` (GroupQueryAttention, SkipSimplifiedLayerNormalization,
   MatMulNBits with int8 compute); caches shared in place (``CacheIO.SHARED``). Seconds to write.
 - plain ops (the QNN HTP's graph, swappable fp32 drafters, ``int8-dyn``), traced:
 
@@ -38,9 +38,10 @@ from omnidraft_deploy.exporters.exportable import (
     empty_caches,
     example_inputs,
 )
-from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_onnx_file
-from omnidraft_deploy.exporters.smoothquant import smoothed_on_text
+from omnidraft_deploy.exporters.onnx.file_quant import quantize_onnx_file
+from omnidraft_deploy.exporters.quant.smoothquant import smoothed_on_text
 
+from omnidraft_deploy.backends import Backend, QuantRecipe
 from omnidraft_deploy.graph_contract import input_names, output_names
 from omnidraft_deploy.manifest import GraphInfo
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
@@ -65,8 +66,8 @@ def export_onnx(
 ) -> Path:
     """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU).
 
-    ``fused``: the contrib-op graph of ``exporters.onnx_fused`` (dynamic T, fp32/int8/int4 only);
-    ``invariant``: with its batch-invariant attention (``exporters.onnx_invariant``).
+    ``fused``: the contrib-op graph of ``exporters.onnx.fused`` (dynamic T, fp32/int8/int4 only);
+    ``invariant``: with its batch-invariant attention (``exporters.onnx.invariant``).
 
     ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
     after it (``training_graph.bind_weights``), and trained weights can be swapped in without
@@ -101,7 +102,7 @@ def export_onnx(
             external_data=big,
         )
         src = raw
-        if recipe is not None and recipe.backend is Backend.ONNX and recipe.name != "fp32":
+        if recipe is not None and recipe.backend is Backend.ONNX and recipe.quantized:
             src = Path(tmp) / "quant.onnx"
             quantize_onnx_file(raw, src, recipe)
         proto = onnx.load(str(src), load_external_data=True)
@@ -119,42 +120,39 @@ def export_onnx(
     return path
 
 
-FUSED_RECIPES = ("fp32", "int8", "int4", "w8a8")
+def can_fuse(args: ModelArgs, recipe: QuantRecipe | None) -> bool:
+    """Whether the fused graph can be written: a ``recipe.fused`` recipe (None: fp32), and
+    GroupQueryAttention's CPU kernel needs head_dim % 16 == 0 (every real preset: 64 or 128; some
+    test toys have 8)."""
+    return (recipe is None or recipe.fused) and args.head_dim % 16 == 0
 
 
-def can_fuse(args: ModelArgs, recipe_name: str) -> bool:
-    """Whether the fused graph can be written: its recipes, and GroupQueryAttention's CPU kernel
-    needs head_dim % 16 == 0 (every real preset: 64 or 128; some test toys have 8)."""
-    return recipe_name in FUSED_RECIPES and args.head_dim % 16 == 0
+def can_be_invariant(args: ModelArgs, recipe: QuantRecipe | None) -> bool:
+    """Whether the fused graph can be batch-invariant (``exporters.onnx.invariant``): a
+    ``recipe.batch_invariant`` recipe and a ``max_seq_len`` in whole attention-span blocks.
 
+    Batch-invariant recipes (``backends``): MatMulNBits at accuracy_level 4 (blockwise int8
+    activations, exact integer dot products) and w8a8's MatMulInteger (per-row int8 activations).
+    fp32 MatMul (MLAS SGEMM) sums in a different order for 1 row than for T rows, so fp32 graphs
+    keep GroupQueryAttention; their verification rows differ by ~1e-5
+    (reports/batch_invariance.json)."""
+    from omnidraft_deploy.exporters.onnx.invariant import SPAN_BLOCK
 
-# Recipes whose weight matmuls are bitwise batch-invariant on ONNX Runtime's CPU kernels:
-# MatMulNBits at accuracy_level 4 (blockwise int8 activations, exact integer dot products) and
-# w8a8's MatMulInteger (per-row int8 activations). fp32
-# MatMul (MLAS SGEMM) sums in a different order for 1 row than for T rows, so fp32 graphs keep
-# GroupQueryAttention; their verification rows differ by ~1e-5 (reports/batch_invariance.json).
-INVARIANT_RECIPES = ("int8", "int4", "w8a8")
-
-
-def can_be_invariant(args: ModelArgs, recipe_name: str) -> bool:
-    """Whether the fused graph can be batch-invariant (``exporters.onnx_invariant``): a
-    MatMulNBits recipe, and a ``max_seq_len`` in whole attention-span blocks."""
-    from omnidraft_deploy.exporters.onnx_invariant import SPAN_BLOCK
-
-    return recipe_name in INVARIANT_RECIPES and args.max_seq_len % SPAN_BLOCK == 0
+    ok = recipe is not None and recipe.batch_invariant
+    return ok and args.max_seq_len % SPAN_BLOCK == 0
 
 
 def _export_fused(
     model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None,
     bundle_hash: str, invariant: bool,
 ) -> Path:  # fmt: skip
-    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model, weight_bytes
-    from omnidraft_deploy.exporters.onnx_invariant import SPAN_BLOCK
+    from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model, weight_bytes
+    from omnidraft_deploy.exporters.onnx.invariant import SPAN_BLOCK
 
     name = recipe.name if recipe else "fp32"
-    if not can_fuse(model.args, name):
+    if not can_fuse(model.args, recipe):
         raise ValueError(
-            f"{path.name}: no fused graph for {name!r} (recipes {FUSED_RECIPES}) with head_dim "
+            f"{path.name}: no fused graph for {name!r} (recipes with ``fused``) with head_dim "
             f"{model.args.head_dim} (GroupQueryAttention needs a multiple of 16)"
         )
     if invariant and model.args.max_seq_len % SPAN_BLOCK:
@@ -166,8 +164,8 @@ def _export_fused(
     plan = None  # before sizing: the plan decides which matmuls hold 4 bits and which 8
     if recipe is not None and recipe.smooth:
         model = smoothed_on_text(model, info.tokenizer, info.file)
-    elif name == "int4" and recipe is not None:
-        from omnidraft_deploy.exporters.int4_plan import plan_on_text
+    elif recipe is not None and recipe.int4_plan:
+        from omnidraft_deploy.exporters.quant.int4_plan import plan_on_text
 
         plan = plan_on_text(model, info.tokenizer, info.file, recipe.group_size, recipe.tolerance)
     big = weight_bytes(model, recipe, plan) > WEIGHTS_LIMIT

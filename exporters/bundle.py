@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,9 +208,27 @@ def export_bundle(
         )  # fmt: skip
         write_text_atomic(tmp / "manifest.json", manifest.to_json())
         if opener is not None:
-            opener(tmp)
+            _open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
     log.info("bundle written to %s", cfg.out_dir)
     return Path(cfg.out_dir)
+
+
+def _open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
+    """``opener`` on a view of the staged bundle: its listed files hard-linked (copied where the
+    file system has no links) into ``<staged>/.opened/<name>``, removed before publishing. The
+    runtime refuses to open a folder named as a staging folder, by design; the view also holds
+    nothing the manifest does not list."""
+    view = tmp / ".opened" / name
+    try:
+        for rel in listed:
+            (view / rel).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(tmp / rel, view / rel)
+            except OSError:
+                shutil.copyfile(tmp / rel, view / rel)
+        opener(view)
+    finally:
+        shutil.rmtree(tmp / ".opened", ignore_errors=True)
 
 
 def _write_files(

@@ -50,13 +50,13 @@ class TracedStats(DecodeStats):
 
 
 def _eager(source: str, max_seq_len: int) -> Any:
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.load import load_model
 
     name, _, variant = source.partition(":")
     spec = get_preset(name)
     if variant == "before":
-        from omnidraft_deploy.distill.offline import truncated
+        from omnidraft_deploy.reference.load import truncated
 
         return spec, truncated(spec, max_seq_len=max_seq_len)
     return spec, load_model(spec, max_seq_len=max_seq_len)
@@ -67,9 +67,9 @@ def early_exit_ready(source: str) -> bool:
     name, _, variant = source.partition(":")
     if variant == "before" or not name.startswith("smollm2-ee"):
         return True
-    from omnidraft_deploy.assets import cache_root
+    from omnidraft_deploy.catalog.assets import cache_root
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.distill.offline import distilled_path
-    from omnidraft_deploy.presets import get_preset
 
     return distilled_path(get_preset(name), Path(cache_root())).is_file()
 
@@ -104,7 +104,7 @@ def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
     is loaded)."""
     from omnidraft_deploy.exporters.quantize import get_recipe
 
-    from omnidraft_deploy.manifest import GraphInfo
+    from omnidraft_deploy.bundle.manifest import GraphInfo
 
     out = root / f"{source.replace(':', '-')}-{quant}"
     recipe = get_recipe("onnx", parse_quant(quant)[0])

@@ -30,7 +30,7 @@ from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
 from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.rotate import rotated as rotated_model

@@ -22,8 +22,8 @@ from typing import Any
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import ModelSpec
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)

@@ -30,17 +30,12 @@ from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.quantize import get_recipe
 from tqdm import tqdm
 
-from omnidraft_deploy.manifest import (
-    HTP_CONTEXT,
-    GraphInfo,
-    Manifest,
-    atomic_bundle_dir,
-    file_entry,
-    write_bytes_atomic,
-    write_text_atomic,
-)
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic
+from omnidraft_deploy.bundle.files import file_entry
+from omnidraft_deploy.bundle.folder import atomic_bundle_dir
+from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, GraphInfo, Manifest
+from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import ModelSpec, get_preset
 from omnidraft_deploy.protocols import TokenizerLike
 from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
@@ -251,7 +246,7 @@ class PairFiles:
 
 def initial_ngram_cache(mapper: VocabMapper, target_tok: TokenizerLike) -> NGramCache:
     """Seed the shipped cache with the prompt set's multi-drafter-token target tokens."""
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     cache = NGramCache()
     for p in load_prompts():

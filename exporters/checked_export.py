@@ -20,9 +20,9 @@ from omnidraft_deploy.exporters.bundle import (
 )
 from tqdm import tqdm
 
-from omnidraft_deploy import expected
-from omnidraft_deploy.inputs import ExportInputs
-from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.checks import expected
+from omnidraft_deploy.resolve.export_inputs import ExportInputs
 from omnidraft_deploy.vocab.bundle_tokenizer import tokenizer_files
 
 

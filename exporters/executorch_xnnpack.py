@@ -29,7 +29,7 @@ from omnidraft_deploy.exporters.exportable import (
 from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.quantize import QuantRecipe, quantize_eager
 
-from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.optional import require
 from omnidraft_deploy.reference.model import Transformer
 

@@ -41,8 +41,8 @@ from omnidraft_deploy.exporters.exportable import (
 from omnidraft_deploy.exporters.quantize import Backend, QuantRecipe, quantize_onnx_file
 from omnidraft_deploy.exporters.smoothquant import smoothed_on_text
 
-from omnidraft_deploy.graph_contract import input_names, output_names
-from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.bundle.graph_contract import input_names, output_names
+from omnidraft_deploy.bundle.manifest import GraphInfo
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)

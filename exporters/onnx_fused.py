@@ -39,7 +39,7 @@ from omnidraft_deploy.exporters import onnx_invariant
 from omnidraft_deploy.exporters.quantize import QuantRecipe, per_row_int8
 from torch import Tensor
 
-from omnidraft_deploy import graph_contract as gc
+from omnidraft_deploy.bundle import graph_contract as gc
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 MS = "com.microsoft"

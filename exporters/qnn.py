@@ -59,10 +59,10 @@ from omnidraft_deploy.exporters.qnn_mixed import float_residual
 from omnidraft_deploy.exporters.qnn_weights import Grids, gptq_linears, matmuls_to_gemm, pin_grids
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 
-from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.onnx_host import context_path, htp_session
-from omnidraft_deploy.parity import StepFn
+from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.checks.parity import StepFn
+from omnidraft_deploy.host.onnx_host import context_path, htp_session
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.rotate import rotated
 from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, choose_sink, format_sink

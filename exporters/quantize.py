@@ -41,13 +41,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
+from omnidraft_deploy.bundle.graph_contract import LOGITS
+
 # The recipe table is data shared with the CLI and the manifest: ``omnidraft_deploy.backends``.
-from omnidraft_deploy.backends import RECIPES as RECIPES
-from omnidraft_deploy.backends import Backend as Backend
-from omnidraft_deploy.backends import QuantRecipe as QuantRecipe
-from omnidraft_deploy.backends import get_recipe as get_recipe
-from omnidraft_deploy.backends import recipe_names as recipe_names
-from omnidraft_deploy.graph_contract import LOGITS
+from omnidraft_deploy.catalog.backends import RECIPES as RECIPES
+from omnidraft_deploy.catalog.backends import Backend as Backend
+from omnidraft_deploy.catalog.backends import QuantRecipe as QuantRecipe
+from omnidraft_deploy.catalog.backends import get_recipe as get_recipe
+from omnidraft_deploy.catalog.backends import recipe_names as recipe_names
 
 
 def quantize_eager(

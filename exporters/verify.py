@@ -20,9 +20,9 @@ import torch
 from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
-from omnidraft_deploy import graph_contract as gc
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.parity import StepFn, eager_step, parity, step_speed
+from omnidraft_deploy.bundle import graph_contract as gc
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.checks.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def artifact_step(path: Path, info: GraphInfo) -> StepFn:
 
         return pte_step
     if path.suffix in (".onnx", ".ort"):
-        from omnidraft_deploy.onnx_host import cpu_session
+        from omnidraft_deploy.host.onnx_host import cpu_session
 
         graph = gc.ExplicitCacheGraph(cpu_session(path), info)
 
@@ -102,8 +102,8 @@ def prompt_ids(tokenizer: str, vocab_size: int, *, n: int = 3, limit: int = 24) 
     Falls back (with a warning) to fixed pseudo-random ids when the tokenizer's pinned asset is
     not cached or the ids do not fit ``vocab_size`` (custom test models).
     """
-    from omnidraft_deploy.assets import AssetError
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.assets import AssetError
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     try:
         from omnidraft_deploy.vocab.tokenizers import load_tokenizer

@@ -21,8 +21,8 @@ def test_real_onnx_bundle_is_lossless_through_ort(
     from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
     from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.manifest import read_manifest
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     cfg = ExportConfig(
@@ -58,8 +58,8 @@ def test_real_int8_bundle_target_is_batch_invariant_and_lossless(
     from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
     from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.manifest import read_manifest
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     cfg = ExportConfig(target="qwen2.5-0.5b", drafter="smollm2-135m", backend="onnx",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer
 
 PRESET = "smollm2-135m"

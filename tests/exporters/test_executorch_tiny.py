@@ -9,7 +9,7 @@ import pytest
 from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("executorch")

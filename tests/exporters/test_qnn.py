@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("onnxruntime")
@@ -104,7 +104,7 @@ def test_float_residual_is_the_same_function(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.onnx import export_onnx
     from omnidraft_deploy.exporters.qnn_mixed import float_residual
 
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="f.onnx", quantization="fp32", seq_len=T)
@@ -215,7 +215,7 @@ def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:
     from onnx import TensorProto
     from onnx import helper as h
 
-    from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
+    from omnidraft_deploy.host.onnx_host import QnnUnsupportedError, htp_session
 
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, [4])

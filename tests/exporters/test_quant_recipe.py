@@ -22,7 +22,7 @@ from omnidraft_deploy.exporters.quantize import (
 )
 from torch import nn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 

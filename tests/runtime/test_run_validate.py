@@ -29,7 +29,7 @@ def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
     from omnidraft_deploy.runtime.bundle import open_bundle
     from omnidraft_deploy.runtime.validate import run_bundle, validate_bundle
 
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 

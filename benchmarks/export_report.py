@@ -28,10 +28,10 @@ from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.memory import PeakRSS
 from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids, reference_for
 
-from omnidraft_deploy.backends import get_recipe
-from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.parity import eager_step, parity, step_speed
-from omnidraft_deploy.presets import ModelSpec, get_preset
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
+from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
 from omnidraft_deploy.reference.load import load_model
 
 log = logging.getLogger("export_report")

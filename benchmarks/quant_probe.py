@@ -29,7 +29,7 @@ from omnidraft_deploy.exporters.quant.int4_plan import int8_blocks
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
 from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.rotate import rotated as rotated_model
@@ -134,7 +134,7 @@ def xnnpack_rows(
 ) -> list[str]:
     from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
 
-    from omnidraft_deploy.backends import get_recipe
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     turned = rotated_model(model)  # the same function, residual outliers spread (QuaRot)
     return [f"| xnnpack {name} (torchao, eager){', rotated' if m is turned else ''} | "
@@ -153,7 +153,7 @@ def xnnpack8_rows(
     from omnidraft_deploy.exporters.quant.smoothquant import activation_absmax, smoothed
     from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
 
-    from omnidraft_deploy.backends import get_recipe
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     vocab = model.args.vocab_size  # type: ignore[union-attr]
     held = calibration_ids(tok, vocab, 64)

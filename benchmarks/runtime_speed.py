@@ -52,7 +52,7 @@ def hf_folder(preset: str) -> Path:
     """config.json + model.safetensors (the GGUF dequantised once) + tokenizer files."""
     from transformers import AutoTokenizer
 
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
     from omnidraft_deploy.reference.hf_adapter import gguf_to_hf_folder
 
     out = WORK / "hf" / preset
@@ -98,8 +98,8 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
     )
     from omnidraft_deploy.exporters.verify import verify_artifact
 
-    from omnidraft_deploy.backends import get_recipe
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.load import load_model
 
     out = WORK / "ours" / f"{preset}-{precision}"
@@ -131,8 +131,8 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
 def export_pte(preset: str) -> None:
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte as write_pte
 
-    from omnidraft_deploy.backends import get_recipe
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.load import load_model
 
     path = WORK / "ours" / f"{preset}-fp32" / "target.pte"
@@ -147,7 +147,7 @@ def export_pte(preset: str) -> None:
 def graph_info_of(path: Path) -> Any:
     """The graph's ``GraphInfo``: from the export's ``graph_info.json`` (reading the ONNX
     metadata would load the whole inline-weight protobuf, 1.1 GB, into the worker's peak RSS)."""
-    from omnidraft_deploy.manifest import GraphInfo
+    from omnidraft_deploy.bundle.manifest import GraphInfo
 
     sidecar = path.parent / "graph_info.json"
     if sidecar.is_file():
@@ -362,7 +362,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_report(result: dict[str, Any], out: Path) -> None:
-    from omnidraft_deploy.manifest import write_text_atomic
+    from omnidraft_deploy.bundle.atomic import write_text_atomic
 
     write_text_atomic(out.with_suffix(".json"), json.dumps(result, indent=2))
     lines = [

@@ -25,12 +25,12 @@ from typing import Any
 from omnidraft_deploy.exporters.bundle import ExportConfig, Verify, export_bundle
 from tqdm import tqdm
 
-from omnidraft_deploy import expected
-from omnidraft_deploy.inputs import ExportInputs, resolve_export
-from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.checks import expected
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import TokenizerLike
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.resolve.export_inputs import ExportInputs, resolve_export
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.pair import PairVocab
 
@@ -100,7 +100,7 @@ def pair_files(
 
 def initial_ngram_cache(mapper: VocabMapper, target_tok: TokenizerLike) -> NGramCache:
     """Seed the shipped cache with the prompt set's multi-drafter-token target tokens."""
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     cache = NGramCache()
     for p in load_prompts():

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from omnidraft_deploy.runtime.bundle import open_bundle
 
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
-from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM

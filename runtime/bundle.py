@@ -3,7 +3,7 @@
 Order: manifest (schema, format, every section's ``validate()``), no symlink anywhere in the folder,
 every listed file's size and sha256, each graph's own metadata against the manifest (ONNX
 ``metadata_props`` / ``.pte`` constant methods; ONNX external data must be a listed file), then the
-vocabulary map and n-gram cache, each read once through ``bundle_fs.read_listed`` (listed in the
+vocabulary map and n-gram cache, each read once through ``bundle.files.read_listed`` (listed in the
 manifest with its role, size and sha256 checked on the very bytes parsed, size-capped) and checked
 against the graphs. Each failure is a ``BundleError`` naming the file and the problem. The session
 cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state, not part of the
@@ -20,19 +20,19 @@ from pathlib import Path
 
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy.bundle_fs import open_plain, read_listed, read_plain
-from omnidraft_deploy.manifest import (
+from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
+from omnidraft_deploy.bundle.folder import verify_bundle
+from omnidraft_deploy.bundle.manifest import (
     HTP_CONTEXT,
     MANIFEST_NAME,
     BundleError,
     GraphInfo,
     Manifest,
-    verify_bundle,
 )
+from omnidraft_deploy.host.onnx_host import context_path
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
-from omnidraft_deploy.onnx_host import context_path
 from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 

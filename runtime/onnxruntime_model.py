@@ -2,14 +2,14 @@
 
 The graph contract, host-held caches (bound once by IOBinding; fused graphs write them in place
 and their logits straight into the array this class returns) and static-T chunking are
-``omnidraft_deploy.graph_contract``'s; this class adapts them to the ``RuntimeModel`` interface
+``omnidraft_deploy.bundle.graph_contract``'s; this class adapts them to the ``RuntimeModel`` interface
 (``forward(token_ids, start_pos)``).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
 threads (None: ORT's default, one per physical core), ``spinning`` (None: ORT's threading
 defaults; False for sessions that share the cores, ``onnx_host.cpu_session``), and
 ``huge_pages`` (default on): the session's weights are moved onto transparent huge pages
-(``omnidraft_deploy.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
+(``omnidraft_deploy.host.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy.graph_contract import ExplicitCacheGraph
-from omnidraft_deploy.hugepages import on_huge_pages
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.onnx_host import cpu_session
+from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.host.hugepages import on_huge_pages
+from omnidraft_deploy.host.onnx_host import cpu_session
 
 
 class OrtModel(RuntimeModel):

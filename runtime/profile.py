@@ -1,5 +1,5 @@
 """``omnidraft profile BUNDLE``: open a bundle's ONNX graphs as decoding opens them and save their
-measured cost profile (``omnidraft_deploy.profile``) to the bundle's session folder."""
+measured cost profile (``omnidraft_deploy.host.profile``) to the bundle's session folder."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 from omnidraft_deploy.runtime.bundle import check_graph
 from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-from omnidraft_deploy.manifest import verify_bundle
-from omnidraft_deploy.profile import Progress, measure, save_profile
+from omnidraft_deploy.bundle.folder import verify_bundle
+from omnidraft_deploy.host.profile import Progress, measure, save_profile
 from omnidraft_deploy.protocols import CausalLM
 
 

@@ -22,13 +22,14 @@ from omnidraft_deploy.runtime.bundle import (
     open_bundle,
 )
 
-from omnidraft_deploy.bundle_fs import read_listed
-from omnidraft_deploy.expected import EXPECTED_FILE, EXPECTED_ROLE
-from omnidraft_deploy.expected import from_bytes as expected_from_bytes
-from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
+from omnidraft_deploy.bundle.files import read_listed
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError
+from omnidraft_deploy.checks.expected import EXPECTED_FILE, EXPECTED_ROLE
+from omnidraft_deploy.checks.expected import from_bytes as expected_from_bytes
+from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
+from omnidraft_deploy.host.profile import load_profile
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
-from omnidraft_deploy.parity import eager_step, parity, step_speed
-from omnidraft_deploy.profile import load_profile
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.speculative.cost import CostProfile
@@ -51,7 +52,7 @@ def graph_parity(
 ) -> dict[str, float]:
     """Max |logit diff| and top-1 agreement of a runtime model vs eager PyTorch.
 
-    The same calls as export-time verification (``omnidraft_deploy.parity``): prefill, ``steps``
+    The same calls as export-time verification (``omnidraft_deploy.checks.parity``): prefill, ``steps``
     single tokens, a rollback re-feed from an earlier slot and one more step.
     """
     return parity(model.forward, eager_step(eager), prompts, decode_steps=steps)
@@ -169,7 +170,7 @@ def run_bundle(
 ) -> tuple[list[int], DecodeStats]:
     """Speculative generation from a bundle (greedy unless ``config`` says otherwise; its
     ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
-    (``omnidraft_deploy.state``) the n-gram cache grown by earlier sessions is loaded from it and
+    (``omnidraft_deploy.bundle.state``) the n-gram cache grown by earlier sessions is loaded from it and
     the grown one saved back atomically. ``observer`` sees every verification step
     (``streaming.TextStreamer`` prints text as it comes).
     """

@@ -13,7 +13,7 @@ import pytest
 
 def require_asset_path(name: str) -> Path:
     """Path of a cached asset: fail (default assets) or skip (optional models) if missing."""
-    from omnidraft_deploy.assets import AssetError, asset_path, get_asset
+    from omnidraft_deploy.catalog.assets import AssetError, asset_path, get_asset
 
     try:
         return asset_path(name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.backends import Activations, Backend, QuantRecipe
-from omnidraft_deploy.graph_contract import LOGITS
+from omnidraft_deploy.bundle.graph_contract import LOGITS
+from omnidraft_deploy.catalog.backends import Activations, Backend, QuantRecipe
 
 
 def _lm_head_node(model: Any) -> str | None:

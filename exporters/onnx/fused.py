@@ -20,7 +20,7 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   verification width gets cheap. The coarser activation scale needs SmoothQuant
   (``exporters.quant.smoothquant``), applied by the exporter before the graph is written.
 
-Cache contract (``omnidraft_deploy.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
+Cache contract (``omnidraft_deploy.bundle.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
 ``input_pos`` (contiguous positions; ``seqlens_k = input_pos[-1]``, ``total_sequence_length =
 input_pos[-1] + 1``) and ``cache_i``; outputs ``logits`` and ``present_i``, which the host binds
 to the same buffer as ``cache_i``, so GroupQueryAttention writes this chunk's k/v in place at
@@ -40,8 +40,8 @@ from omnidraft_deploy.exporters.quant.grids import per_row_int8, quantize_blocks
 from omnidraft_deploy.exporters.quant.int4_plan import fused_linears
 from torch import Tensor
 
-from omnidraft_deploy import graph_contract as gc
-from omnidraft_deploy.backends import Activations, QuantRecipe
+from omnidraft_deploy.bundle import graph_contract as gc
+from omnidraft_deploy.catalog.backends import Activations, QuantRecipe
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 MS = "com.microsoft"

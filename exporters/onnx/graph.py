@@ -1,6 +1,6 @@
 """Recipe: Transformer -> ONNX with explicit KV-cache I/O (onnx and qnn backends).
 
-Two graph builds, one call contract (``omnidraft_deploy.graph_contract``):
+Two graph builds, one call contract (``omnidraft_deploy.bundle.graph_contract``):
 
 - fused (``fused=True``, the ``onnx`` backend's default): written node by node from the weights
   by ``exporters.onnx.fused`` (GroupQueryAttention, SkipSimplifiedLayerNormalization,
@@ -41,9 +41,9 @@ from omnidraft_deploy.exporters.exportable import (
 from omnidraft_deploy.exporters.onnx.file_quant import quantize_onnx_file
 from omnidraft_deploy.exporters.quant.smoothquant import smoothed_on_text
 
-from omnidraft_deploy.backends import Backend, QuantRecipe
-from omnidraft_deploy.graph_contract import input_names, output_names
-from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.bundle.graph_contract import input_names, output_names
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import Backend, QuantRecipe
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from omnidraft_deploy import graph_contract as gc
+from omnidraft_deploy.bundle import graph_contract as gc
 
 SLOTS = "inv/slots"  # (1, KV, T, D) int64: input_pos broadcast, ScatterElements indices
 VALID = "inv/valid"  # (1, T, 1, 1, 1, L) bool: slot <= row position

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from omnidraft_deploy.graph_contract import LOGITS
+from omnidraft_deploy.bundle.graph_contract import LOGITS
 
 DEFAULT_MAX_COLS = 8192  # vocabulary columns per HTP MatMul (SmolLM2: 6 chunks, Qwen2.5: 19)
 

@@ -58,11 +58,11 @@ from omnidraft_deploy.exporters.quant.calibration import (
     step_feeds,
 )
 
-from omnidraft_deploy.backends import QuantRecipe
-from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.onnx_host import context_path, htp_session
-from omnidraft_deploy.parity import StepFn
+from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import QuantRecipe
+from omnidraft_deploy.checks.parity import StepFn
+from omnidraft_deploy.host.onnx_host import context_path, htp_session
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.rotate import rotated
 from omnidraft_deploy.reference.sink import SINK_KEY, SinkModel, choose_sink, format_sink

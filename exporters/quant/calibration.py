@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.manifest import GraphInfo
+from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
+from omnidraft_deploy.bundle.manifest import GraphInfo
 
 
 def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
@@ -24,7 +24,7 @@ def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:
     import json
     from importlib import resources
 
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     data = resources.files("omnidraft_deploy").joinpath("data/real_pair_prompts.json")
@@ -99,7 +99,7 @@ def step_feeds(
 ) -> list[dict[str, np.ndarray]]:
     """Every input dict the static graph sees while reading ``prompts`` (fp32 ORT run, stepped
     by ``graph_contract.ExplicitCacheGraph``, as the runtime steps it); caches are snapshots."""
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     assert info.seq_len is not None
     t = info.seq_len

@@ -31,7 +31,7 @@ from omnidraft_deploy.exporters.quant.calibration import calibration_ids, input_
 from omnidraft_deploy.exporters.quant.grids import int4_rtn, quantize_blocks, swap_modules
 from torch import Tensor, nn
 
-from omnidraft_deploy.backends import Backend
+from omnidraft_deploy.catalog.backends import Backend
 from omnidraft_deploy.reference.model import DecoderLayer, Transformer
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from omnidraft_deploy.exporters.quant.grids import int4_blocks, per_row_int8, sw
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from omnidraft_deploy.backends import Backend, QuantRecipe
+from omnidraft_deploy.catalog.backends import Backend, QuantRecipe
 
 
 def quantize_eager(

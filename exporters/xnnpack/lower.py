@@ -29,8 +29,8 @@ from omnidraft_deploy.exporters.exportable import (
 from omnidraft_deploy.exporters.memory import stage
 from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
 
-from omnidraft_deploy.backends import QuantRecipe
-from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
+from omnidraft_deploy.catalog.backends import QuantRecipe
 from omnidraft_deploy.optional import require
 from omnidraft_deploy.reference.model import Transformer
 

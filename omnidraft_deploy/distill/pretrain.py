@@ -41,8 +41,15 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from omnidraft_deploy.catalog.presets import (
+    Family,
+    ModelSpec,
+    PretrainSchedule,
+    Role,
+    SeqKD,
+    Source,
+)
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, corpus_hash, split
-from omnidraft_deploy.presets import Family, ModelSpec, PretrainSchedule, Role, SeqKD, Source
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, build_model
 
 if TYPE_CHECKING:
@@ -201,7 +208,7 @@ def _cache_file(cfg: PretrainConfig, train_docs: dict[str, list[str]], cache_dir
 
 
 def _teacher_config(cfg: PretrainConfig) -> PretrainConfig:
-    from omnidraft_deploy.presets import get_preset  # noqa: PLC0415
+    from omnidraft_deploy.catalog.presets import get_preset  # noqa: PLC0415
 
     assert cfg.kd is not None
     teacher = pretrain_config(get_preset(cfg.kd.teacher))
@@ -232,7 +239,7 @@ def load_pretrained(
 
     Callers go through ``reference.load.load_model``, the one loader.
     """
-    from omnidraft_deploy.assets import cache_root  # noqa: PLC0415
+    from omnidraft_deploy.catalog.assets import cache_root  # noqa: PLC0415
 
     cfg = pretrain_config(spec)
     train_docs, _ = split(build_corpus(cfg.data), cfg.data.heldout_frac)

@@ -12,13 +12,14 @@ Sources (``ModelSpec.source``; ``weights`` overrides the preset's own):
 - ``hf`` / ``gguf``: the preset's hub id or pinned GGUF asset (``hf_adapter.load_preset_weights``);
 - ``pretrain``: ``distill.pretrain.load_pretrained``, trained on first use and cached keyed by
   config + corpus hash.
-- ``early_exit``: ``distill.offline.load_early_exit``: the parent's first layers, distilled against
-  the target on first use and cached keyed by recipe + corpus hash.
+- ``early_exit``: ``distill.offline.load_early_exit``: the parent's first layers (``truncated``),
+  distilled against the target on first use and cached keyed by recipe + corpus hash. This loader
+  hands both models to distill, which never imports it back (arrows run one way).
 """
 
 from __future__ import annotations
 
-from omnidraft_deploy.presets import ModelSpec, Source
+from omnidraft_deploy.catalog.presets import ModelSpec, Source, get_preset
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
 
@@ -43,9 +44,11 @@ def load_model(
 
         return load_pretrained(spec, max_seq_len=max_seq_len or spec.max_seq_len)
     if spec.source is Source.EARLY_EXIT:
-        from omnidraft_deploy.distill.offline import load_early_exit
+        from omnidraft_deploy.distill.offline import load_early_exit, recipe_of
 
-        return load_early_exit(spec, max_seq_len=max_seq_len)
+        target = get_preset(recipe_of(spec).target)
+        return load_early_exit(spec, truncated(spec, max_seq_len=max_seq_len),
+                               load_target=lambda n: load_model(target, max_seq_len=n))  # fmt: skip
     from omnidraft_deploy.reference.hf_adapter import load_preset_weights
 
     return load_preset_weights(spec.name, max_seq_len=max_seq_len)[0]
@@ -58,6 +61,15 @@ def load_lm(
     from omnidraft_deploy.reference.torch_lm import EagerLM
 
     return EagerLM(load_model(spec, seed=seed, max_seq_len=max_seq_len, weights=weights))
+
+
+def truncated(spec: ModelSpec, *, max_seq_len: int | None = None) -> Transformer:
+    """The early-exit drafter before any distillation: the parent's first ``n_layers``."""
+    from omnidraft_deploy.distill.offline import recipe_of
+    from omnidraft_deploy.reference.truncate import truncate_layers
+
+    parent = load_model(get_preset(recipe_of(spec).parent), max_seq_len=max_seq_len)
+    return truncate_layers(parent, spec.n_layers, max_seq_len=max_seq_len or spec.max_seq_len)
 
 
 def _check_arch(spec: ModelSpec, model: Transformer, weights: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from omnidraft_deploy.presets import ModelSpec
+from omnidraft_deploy.catalog.presets import ModelSpec
 
 if TYPE_CHECKING:  # protocols and the mapper import torch
     from omnidraft_deploy.protocols import TokenizerLike

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy import assets
-from omnidraft_deploy.assets import Asset, AssetError, Source
+from omnidraft_deploy.catalog import assets
+from omnidraft_deploy.catalog.assets import Asset, AssetError, Source
 
 PAYLOAD = b"golden tokenizer bytes\n" * 100
 

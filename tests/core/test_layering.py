@@ -1,12 +1,12 @@
 """Architecture rules (STYLE.md) as a test, over the library folders (tests are free):
 
 - exporters and runtime never import each other; the core imports neither, except the one
-  composition root ``cli.py`` (inside its verb handlers);
+  composition root ``cli/main.py`` (inside its verb handlers);
 - one model loader: only ``reference/load.py`` calls the weight sources (random init, HF / GGUF
   weights, the pretraining cache); the sources themselves are the other allowed files;
 - one graph-call contract: graph input / output names are spelled only in
-  ``omnidraft_deploy/graph_contract.py``;
-- one backend list: no literal collection of backend names outside ``omnidraft_deploy/backends.py``;
+  ``omnidraft_deploy/bundle/graph_contract.py``;
+- one backend list: no literal collection of backend names outside ``omnidraft_deploy/catalog/backends.py``;
 - one vocabulary assembly: tokenizers + mapper of a pair are built by ``vocab/pair.py`` only.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("omnidraft_deploy", "exporters", "runtime", "benchmarks")
-COMPOSITION_ROOTS = frozenset({"omnidraft_deploy/cli.py"})
+COMPOSITION_ROOTS = frozenset({"omnidraft_deploy/cli/main.py"})
 # name -> the modules that may import it: the loader and the weight sources themselves
 # (pretraining builds its compact model; ``testing`` builds the fakes' toy models)
 LOADER_SOURCES = {
@@ -44,8 +44,8 @@ MAPPER_BUILDERS = {
     "benchmarks/headline_adapt.py",
     "benchmarks/distill_table.py",
 }
-CONTRACT = "omnidraft_deploy/graph_contract.py"
-BACKENDS = "omnidraft_deploy/backends.py"
+CONTRACT = "omnidraft_deploy/bundle/graph_contract.py"
+BACKENDS = "omnidraft_deploy/catalog/backends.py"
 
 
 def _files(folders: tuple[str, ...] = LIBRARY) -> Iterator[tuple[str, ast.Module]]:
@@ -101,7 +101,7 @@ def test_one_model_loader() -> None:
 
 
 def _literal_io_names(tree: ast.Module) -> list[tuple[int, str]]:
-    from omnidraft_deploy import graph_contract as gc
+    from omnidraft_deploy.bundle import graph_contract as gc
 
     names = {gc.TOKEN_IDS, gc.INPUT_POS, gc.LOGITS}
     prefixes = tuple(f(0)[:-1] for f in (gc.cache_in, gc.cache_chunk_out, gc.cache_present))
@@ -120,7 +120,7 @@ def _literal_io_names(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_graph_io_names_live_in_the_contract_module() -> None:
     bad = [
-        f"{rel}:{line} spells the graph name {name!r}: use omnidraft_deploy.graph_contract"
+        f"{rel}:{line} spells the graph name {name!r}: use omnidraft_deploy.bundle.graph_contract"
         for rel, tree in _files()
         if rel != CONTRACT
         for line, name in _literal_io_names(tree)
@@ -129,7 +129,7 @@ def test_graph_io_names_live_in_the_contract_module() -> None:
 
 
 def test_one_backend_list() -> None:
-    from omnidraft_deploy.backends import backend_names
+    from omnidraft_deploy.catalog.backends import backend_names
 
     names, bad = set(backend_names()), []
     for rel, tree in _files():

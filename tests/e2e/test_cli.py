@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.cli import export_main, main
+from omnidraft_deploy.cli.main import export_main, main
 
 pytest.importorskip("onnxruntime")
 BIN = Path(sys.executable).parent
@@ -88,7 +88,8 @@ def test_validate_refuses_a_bundle_whose_reference_disagrees(
     bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The reference is recorded, not recomputed: a different target fails validation."""
-    from omnidraft_deploy.manifest import file_entry, read_manifest
+    from omnidraft_deploy.bundle.files import file_entry
+    from omnidraft_deploy.bundle.folder import read_manifest
 
     copy = tmp_path / "b"
     shutil.copytree(bundle, copy)
@@ -192,11 +193,11 @@ def test_expected_json_is_what_the_target_graph_computes(tmp_path: Path) -> None
     import onnx
     from omnidraft_deploy.exporters.export import record_target
 
-    from omnidraft_deploy.expected import from_bytes
-    from omnidraft_deploy.inputs import resolve_export
-    from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, get_preset
+    from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, get_preset
+    from omnidraft_deploy.checks.expected import from_bytes
     from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.reference.sink import SINK_KEY
+    from omnidraft_deploy.resolve.export_inputs import resolve_export
 
     out = tmp_path / "b"
     inputs = resolve_export(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, model=None,

@@ -22,8 +22,8 @@ def test_real_onnx_bundle_is_lossless_through_ort(
     from omnidraft_deploy.exporters.export import export_pair
     from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.manifest import read_manifest
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     cfg = ExportConfig(
         target="qwen2.5-0.5b",
@@ -57,8 +57,8 @@ def test_real_int8_bundle_target_is_batch_invariant_and_lossless(
     from omnidraft_deploy.exporters.export import export_pair
     from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.manifest import read_manifest
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     cfg = ExportConfig(target="qwen2.5-0.5b", drafter="smollm2-135m", backend="onnx",
                        quantization="int8", out_dir=tmp_path / "bundle", max_seq_len=128,

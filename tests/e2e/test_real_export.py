@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer
 
 PRESET = "smollm2-135m"
@@ -43,7 +43,7 @@ def test_smollm2_exports_and_reloads_within_tolerance(
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.verify import prompt_ids, verify_artifact
 
-    from omnidraft_deploy.backends import get_recipe
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     pytest.importorskip(
         {"onnx": "onnxruntime", "qnn": "onnxruntime_qnn"}.get(backend, "executorch")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 
 PRESET = "smollm2-135m"
 
@@ -36,8 +36,8 @@ def test_smollm2_qnn_a16w8_compiles_fully_for_the_htp(
     from omnidraft_deploy.exporters.qnn.qdq import htp_step
     from omnidraft_deploy.exporters.verify import prompt_ids, reference_for, verify_artifact
 
-    from omnidraft_deploy.backends import get_recipe
-    from omnidraft_deploy.parity import eager_step, parity
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.checks.parity import eager_step, parity
     from omnidraft_deploy.reference.load import load_model
 
     spec, recipe = get_preset(PRESET), get_recipe("qnn", "qdq-a16w8")

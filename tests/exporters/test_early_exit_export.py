@@ -11,9 +11,9 @@ import pytest
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.verify import verify_artifact
 
-from omnidraft_deploy.backends import get_recipe
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.reference.truncate import truncate_layers

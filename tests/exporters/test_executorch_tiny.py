@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.backends import get_recipe
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("executorch")

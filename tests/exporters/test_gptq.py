@@ -7,7 +7,7 @@ import pytest
 import torch
 from omnidraft_deploy.exporters.quant.gptq import gptq_int4, input_hessians
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 

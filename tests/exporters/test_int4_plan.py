@@ -14,8 +14,8 @@ from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.quant import int4_plan
 from omnidraft_deploy.exporters.quant.grids import int4_rtn
 
-from omnidraft_deploy.backends import Backend, get_recipe
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import Backend, get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)
@@ -72,8 +72,8 @@ def test_relative_errors_rank_a_coarse_matmul_last() -> None:
 def test_simulation_computes_what_the_onnx_graph_computes(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model
 
-    from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = _model()
     plan = {name: 4 if i % 3 else 8 for i, (name, _) in enumerate(int4_plan.fused_linears(model))}

@@ -12,10 +12,10 @@ import pytest
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.verify import verify_artifact
 
-from omnidraft_deploy.backends import get_recipe
-from omnidraft_deploy.graph_contract import CacheIO, ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.bundle.graph_contract import CacheIO, ExplicitCacheGraph, contiguous_positions
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -45,7 +45,7 @@ def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Gr
 
 
 def _graph(path: Path, info: GraphInfo) -> ExplicitCacheGraph:
-    from omnidraft_deploy.profile import ort_session
+    from omnidraft_deploy.host.profile import ort_session
 
     return ExplicitCacheGraph(ort_session(path, threads=2), info)
 
@@ -63,7 +63,7 @@ def test_invariant_graph_matches_eager_incl_rollback(graphs, quant: str) -> None
 def test_invariant_graph_outputs_chunk_caches_and_no_gqa(graphs) -> None:
     import onnx
 
-    from omnidraft_deploy.graph_contract import cache_io_of
+    from omnidraft_deploy.bundle.graph_contract import cache_io_of
 
     path, _ = graphs["int8"]
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]

@@ -12,9 +12,9 @@ import torch
 from omnidraft_deploy.exporters.exportable import graph_info, input_names, output_names
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.backends import get_recipe
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -157,7 +157,7 @@ def fused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Gra
 def test_fused_graph_uses_contrib_ops_and_shared_caches(fused) -> None:
     import onnx
 
-    from omnidraft_deploy.graph_contract import CacheIO, cache_io_of
+    from omnidraft_deploy.bundle.graph_contract import CacheIO, cache_io_of
 
     path, _ = fused["int8"]
     proto = onnx.load(str(path))
@@ -247,8 +247,8 @@ def test_fused_graph_external_weights_match_inline(fused, tmp_path: Path) -> Non
     """Weights streamed to ``<name>.data`` while building (models past 2 GB) give the same graph."""
     from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model
 
-    from omnidraft_deploy.graph_contract import ExplicitCacheGraph
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = build_model(SPEC, seed=5, max_seq_len=32)
     path, data_path = tmp_path / "target.onnx", tmp_path / "target.onnx.data"

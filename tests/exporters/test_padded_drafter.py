@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidraft_deploy.manifest import BundleError
+from omnidraft_deploy.bundle.manifest import BundleError
 
 
 def test_padded_rows_are_never_drafted() -> None:
@@ -46,7 +46,7 @@ def padded_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     --backend onnx`` (a same-vocabulary pair whose drafter embedding is padded). It used to
     publish a bundle every open refused ("drafter 151665 ... must be equal")."""
     pytest.importorskip("onnxruntime")
-    from omnidraft_deploy.cli import export_main
+    from omnidraft_deploy.cli.main import export_main
 
     out = tmp_path_factory.mktemp("padded") / "b"
     args = ["--target", "tiny-qwen2-7b", "--drafter", "tiny-qwen2-7b", "--backend", "onnx",

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("onnxruntime")
@@ -52,7 +52,7 @@ def qdq(
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.qnn.qdq import export_qnn
 
-    from omnidraft_deploy.backends import get_recipe
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="target.onnx", quantization=request.param, seq_len=T)
@@ -105,7 +105,7 @@ def test_float_residual_is_the_same_function(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.qnn.mixed import float_residual
     from omnidraft_deploy.exporters.quant.calibration import reciprocal_to_div, step_feeds
 
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="f.onnx", quantization="fp32", seq_len=T)
@@ -129,7 +129,7 @@ def test_htp_parity_with_eager_within_recipe_tolerance(
     from omnidraft_deploy.runtime.qnn_model import qnn_model
     from omnidraft_deploy.runtime.validate import graph_parity
 
-    from omnidraft_deploy.backends import get_recipe
+    from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.reference.sink import sinked
 
     model, path, info, extras = qdq
@@ -216,7 +216,7 @@ def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:
     from onnx import TensorProto
     from onnx import helper as h
 
-    from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
+    from omnidraft_deploy.host.onnx_host import QnnUnsupportedError, htp_session
 
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, [4])

@@ -36,7 +36,7 @@ def _head_graph(*, transposed: bool, tied: bool) -> object:
 
 
 def _run(proto: object, tmp: Path, name: str) -> list[np.ndarray]:
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     onnx.save(proto, tmp / name)
     feeds = {"h": np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(1, 2, K)}

@@ -17,8 +17,14 @@ from omnidraft_deploy.exporters.xnnpack.eager_quant import (
 )
 from torch import nn
 
-from omnidraft_deploy.backends import RECIPES, Backend, QuantRecipe, get_recipe, recipe_names
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import (
+    RECIPES,
+    Backend,
+    QuantRecipe,
+    get_recipe,
+    recipe_names,
+)
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omnidraft_deploy.exporters import EXPORTERS
 
-from omnidraft_deploy.backends import (
+from omnidraft_deploy.catalog.backends import (
     BACKENDS,
     RECIPES,
     Activations,

@@ -13,7 +13,7 @@ from omnidraft_deploy.exporters.quant.smoothquant import (
     smoothing_scales,
 )
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384, tie_embeddings=True)

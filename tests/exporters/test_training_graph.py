@@ -20,7 +20,7 @@ from omnidraft_deploy.exporters.training_graph import (
     swap_initializers,
 )
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 CFG = TrainStepConfig(seq_len=12, topk=4)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 MAX_SEQ_LEN = 32

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.manifest import BundleError, read_manifest
+from omnidraft_deploy.bundle.folder import read_manifest
+from omnidraft_deploy.bundle.manifest import BundleError
 
 pytest.importorskip("onnxruntime")
 BACKENDS = ["onnx", "xnnpack", "qnn"]
@@ -46,7 +47,7 @@ def bundle(request, tmp_path_factory) -> Path:
 
 
 def _prompts(bundle: Path) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     tok = load_tokenizer(read_manifest(bundle).graphs["target"].tokenizer)
@@ -84,7 +85,7 @@ def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> No
 def test_cli_run_streams_text_and_step_stats(
     bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from omnidraft_deploy.cli import main
+    from omnidraft_deploy.cli.main import main
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     copy = tmp_path / "b"

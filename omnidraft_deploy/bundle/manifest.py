@@ -12,11 +12,10 @@ A bundle is a folder::
     ngram_cache.bin          omnidraft_deploy.ngram.format format
 
 A bundle is a closed world: ``manifest.json`` lists every file a reader opens with its sha256 and
-size; readers verify them before any model runs (``verify_bundle``), refuse symlinks and never
-open anything outside the folder (``omnidraft_deploy.bundle_fs``). ``extras`` is informational:
-no reader acts on it. Bundles are staged in a sibling folder and swapped into place last
-(``atomic_bundle_dir``, ``omnidraft_deploy.atomic``): a kill at any instant leaves the previous
-bundle or the new one at the final path, never neither and never a partial one.
+size. This module is the schema only, without I/O: ``omnidraft_deploy.bundle.folder`` reads it,
+verifies the listed files before any model runs (``verify_bundle``) and stages new bundles
+(``atomic_bundle_dir``); ``omnidraft_deploy.bundle.files`` opens files as a closed world (no
+symlink, nothing outside the folder). ``extras`` is informational: no reader acts on it.
 
 Schema (version 1)::
 
@@ -46,25 +45,20 @@ Every failure is a ``BundleError`` naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.atomic import staged_dir, write_bytes_atomic, write_text_atomic
-from omnidraft_deploy.backends import backend_names, recipe_names
-from omnidraft_deploy.strict_json import check_finite, depth, loads_strict
+from omnidraft_deploy.bundle.strict_json import check_finite, depth, loads_strict
+from omnidraft_deploy.catalog.backends import backend_names, recipe_names
 
 SCHEMA_VERSION = 1
 FORMAT_NAME = "omnidraft-bundle"
 MANIFEST_NAME = "manifest.json"
-BACKENDS = tuple(backend_names())  # omnidraft_deploy.backends: the one list
+BACKENDS = tuple(backend_names())  # omnidraft_deploy.catalog.backends: the one list
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_JSON_DEPTH = 16
 MAX_FILES = 4096
@@ -72,7 +66,6 @@ MAX_FILE_BYTES = 1 << 40
 MAX_KV_BYTES = 64 << 30  # fp32 K + V of one graph at max_seq_len
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _REL_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
-__all__ = ["write_bytes_atomic", "write_text_atomic"]  # re-exported: the writers' one import
 
 
 class BundleError(ValueError):
@@ -244,7 +237,7 @@ class Manifest:
                 f"field {where}.file: {g.file!r} is not listed as {role}_graph in files"
             )
         _str(f"{where}.quantization", g.quantization, recipe_names(self.backend))
-        from omnidraft_deploy.presets import get_preset
+        from omnidraft_deploy.catalog.presets import get_preset
 
         try:
             spec = get_preset(g.preset)
@@ -336,70 +329,3 @@ def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise BundleError(source, "not an omnidraft bundle manifest (not a JSON object)")
     return raw
-
-
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_entry(bundle_dir: Path, rel: str, role: str) -> FileEntry:
-    p = bundle_dir / rel
-    return FileEntry(sha256=sha256_file(p), size=p.stat().st_size, role=role)
-
-
-def read_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    """Parse and validate ``manifest.json`` (no symlink, at most ``MAX_MANIFEST_BYTES``).
-
-    A bundle whose swap was killed between its two renames is restored first (``recover_dir``).
-    """
-    from omnidraft_deploy.atomic import is_ours, recover_dir
-    from omnidraft_deploy.bundle_fs import read_plain
-
-    root = Path(bundle_dir)
-    if is_ours(root):
-        raise BundleError(root, "a staging or replaced folder of an export, never a bundle")
-    recover_dir(root, marker=MANIFEST_NAME)
-    path = root / MANIFEST_NAME
-    if not os.path.lexists(path):
-        raise BundleError(path, "missing: not an exported bundle (or the export did not finish)")
-    data = read_plain(root, MANIFEST_NAME, max_bytes=MAX_MANIFEST_BYTES)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BundleError(path, f"not UTF-8 ({e.reason} at byte {e.start})") from None
-    return Manifest.from_json(text, source=path)
-
-
-def verify_bundle(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    """Read the manifest, refuse symlinks anywhere in the folder, check every listed file's size
-    and sha256 (``bundle_fs``)."""
-    from omnidraft_deploy.bundle_fs import refuse_symlinks, verify_listed
-
-    root = Path(bundle_dir)
-    manifest = read_manifest(root)
-    refuse_symlinks(root)
-    for rel, entry in manifest.files.items():
-        verify_listed(root, rel, entry)
-    return manifest
-
-
-@contextmanager
-def atomic_bundle_dir(
-    final_dir: str | os.PathLike[str], *, exchange: bool = True
-) -> Iterator[Path]:
-    """Yield a staging folder beside ``final_dir``; once the body has written ``manifest.json``
-    it replaces ``final_dir`` whole (``atomic.staged_dir``: leftovers of killed exports are
-    deleted first, the swap never leaves ``final_dir`` missing)."""
-    try:
-        with staged_dir(final_dir, marker=MANIFEST_NAME, exchange=exchange) as tmp:
-            yield tmp
-    except FileNotFoundError as e:
-        if MANIFEST_NAME in str(e):
-            raise BundleError(
-                final_dir, f"export finished without writing {MANIFEST_NAME}"
-            ) from None
-        raise

@@ -102,7 +102,7 @@ def library_stdout(verbose: bool) -> contextlib.AbstractContextManager[object]:
 
 def run_verb(prog: str, fn: Callable[[], int], *, verbose: bool) -> int:
     """Run ``fn`` under ``quiet_console``; map exceptions to one paragraph and an exit status."""
-    from omnidraft_deploy.assets import AssetError
+    from omnidraft_deploy.catalog.assets import AssetError
 
     try:
         with quiet_console(verbose):

@@ -1,7 +1,7 @@
 """Writes the Android core's golden files: decoding traces and tokenizer vectors (one command).
 
-    .venv/bin/python -m omnidraft_deploy.golden            # traces + vectors (about 8 min, 1 thread)
-    .venv/bin/python -m omnidraft_deploy.golden --vectors  # tokenizer vectors only (~1 min)
+    .venv/bin/python -m omnidraft_deploy.golden.write            # traces + vectors (about 8 min, 1 thread)
+    .venv/bin/python -m omnidraft_deploy.golden.write --vectors  # tokenizer vectors only (~1 min)
 
 ``tests/golden/traces/<name>.json.gz``: ``trace.record_pair`` over the tiny preset pairs that the
 bundle tests export (random weights, real tokenizers) and, when the optional model assets are cached
@@ -25,7 +25,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "golden" / "traces"
 VECTORS = ROOT / "tests" / "golden" / "tokenizer_vectors"
 VECTOR_TOKENIZERS = ("llama2", "llama3", "qwen2", "gpt2", "smollm2")
@@ -66,7 +66,7 @@ def _trace_plan() -> list[tuple[tuple[str, str], dict[str, Any]]]:
 
 
 def _cached(asset: str) -> bool:
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
 
     try:
         assets.asset_path(asset)
@@ -76,7 +76,7 @@ def _cached(asset: str) -> bool:
 
 
 def _write_gz(path: Path, data: bytes) -> None:
-    from omnidraft_deploy.manifest import write_bytes_atomic
+    from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 
     write_bytes_atomic(path, gzip.compress(data, compresslevel=9, mtime=0))
 
@@ -85,9 +85,9 @@ def write_traces(out: Path, *, include_real: bool = True) -> list[Path]:
     """Record every trace of the plan whose models are available; returns the files written."""
     import torch
 
-    from omnidraft_deploy.pipeline import build_pair
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.trace import TraceConfig, record_pair
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.golden.trace import TraceConfig, record_pair
+    from omnidraft_deploy.resolve.pair import build_pair
     from omnidraft_deploy.vocab import io as vocab_io
 
     torch.set_num_threads(1)
@@ -126,7 +126,7 @@ def write_traces(out: Path, *, include_real: bool = True) -> list[Path]:
 
 def vector_strings(seed: int = 0, n_random: int = 2000) -> list[str]:
     """The fixed string set of the tokenizer vectors (deterministic for a given ``seed``)."""
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import read_golden
 
     pools = {
@@ -159,7 +159,7 @@ def vector_strings(seed: int = 0, n_random: int = 2000) -> list[str]:
 
 
 def write_vectors(out: Path) -> list[Path]:
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     strings = vector_strings()

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import PROFILE_FILE, CostProfile
 from omnidraft_deploy.speculative.lookup import LookupProposer
@@ -44,7 +44,7 @@ def physical_cores() -> int:
 
 def ort_session(path: Path, *, threads: int | None = None, spinning: bool = False) -> Any:
     """CPU ORT session with explicit threading (module docstring)."""
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     return cpu_session(path, threads=threads or physical_cores(), spinning=spinning)
 

@@ -19,7 +19,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from omnidraft_deploy.manifest import MANIFEST_NAME
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME
 
 VALIDATION_REPORT = "validation.json"
 

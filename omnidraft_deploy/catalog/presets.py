@@ -121,7 +121,9 @@ class ModelSpec:
     hf_id: str | None = (
         None  # Hugging Face model id of the real weights (needs a hub or local copy)
     )
-    gguf_asset: str | None = None  # key in omnidraft_deploy.assets for a pinned offline GGUF
+    gguf_asset: str | None = (
+        None  # key in omnidraft_deploy.catalog.assets for a pinned offline GGUF
+    )
     tiny_of: str | None = None  # for tiny presets: the real preset this one mirrors
     source: Source = Source.HF  # where the weights come from (module docstring)
     pretrain: PretrainSchedule | None = None  # the schedule of a pretrain-source preset
@@ -294,7 +296,7 @@ _REAL: tuple[ModelSpec, ...] = (
     ),
 )
 
-# The only real small LMs obtainable offline (pinned GGUFs, see omnidraft_deploy.assets).
+# The only real small LMs obtainable offline (pinned GGUFs, see omnidraft_deploy.catalog.assets).
 _REAL_SMALL: tuple[ModelSpec, ...] = (
     ModelSpec(
         "smollm2-135m",

@@ -34,7 +34,7 @@ def record_expected(
     vocab_limit: int | None = None, progress: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Greedy target-only decoding of the shipped prompts (``progress``: wraps the prompt loop)."""
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
 
     limit = vocab_limit or tokenizer.vocab_size

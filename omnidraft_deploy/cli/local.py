@@ -1,6 +1,6 @@
 """Verbs that need neither exporters nor a runtime: ``presets``, ``assets``, ``generate``, ``bench``.
 
-Handlers for ``omnidraft_deploy.cli`` (the composition root; the flags are declared in
+Handlers for ``omnidraft_deploy.cli.main`` (the composition root; the flags are declared in
 ``cli_parser``); each turns its ``Namespace`` into library arguments and lazy-imports what it
 needs. Results go to stdout, statistics and progress to stderr.
 """
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from omnidraft_deploy.presets import Role, get_preset, list_presets
+from omnidraft_deploy.catalog.presets import Role, get_preset, list_presets
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_assets(args: argparse.Namespace) -> int:
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
 
     if args.action == "list":
         for name, info in assets.list_assets().items():
@@ -57,7 +57,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.pipeline import build_pair
+    from omnidraft_deploy.resolve.pair import build_pair
     from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
     from omnidraft_deploy.speculative.draft_len import make_policy
 
@@ -73,7 +73,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config=cfg,
     )
     out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
-    from omnidraft_deploy.streaming import decode_continuation  # keeps SentencePiece join spaces
+    from omnidraft_deploy.cli.streaming import (
+        decode_continuation,  # keeps SentencePiece join spaces
+    )
 
     print(args.prompt + decode_continuation(pair.target_tok, ids, out))
     if args.check:
@@ -87,9 +89,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from omnidraft_deploy.bench import BenchPrompt, run_decode_bench, write_report
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.pipeline import build_pair
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.resolve.pair import build_pair
     from omnidraft_deploy.speculative.draft_len import make_policy
 
     if args.lossless:

@@ -5,7 +5,7 @@ heavy backends it needs, so ``--help`` starts in well under a second; every flag
 ``cli_parser``, which gets the handlers by verb name (``HANDLERS``). Every verb runs under
 ``console.run_verb``: quiet unless ``-v``, errors as one paragraph naming the flag, Ctrl-C exits
 130. Results go to stdout; progress bars, notes and statistics to stderr. ``run`` and
-``validate`` only read a bundle; their session files go to ``--state`` (``omnidraft_deploy.state``).
+``validate`` only read a bundle; their session files go to ``--state`` (``omnidraft_deploy.bundle.state``).
 """
 
 from __future__ import annotations
@@ -17,15 +17,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.backends import get_backend
-from omnidraft_deploy.cli_local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
-from omnidraft_deploy.cli_parser import Handler, build_export_parser, build_parser
-from omnidraft_deploy.console import library_stdout, run_verb
-from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+from omnidraft_deploy.catalog.backends import get_backend
+from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+from omnidraft_deploy.cli.console import library_stdout, run_verb
+from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
+from omnidraft_deploy.cli.parser import Handler, build_export_parser, build_parser
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from omnidraft_deploy.inputs import resolve_export  # checks first: no torch import before
+    from omnidraft_deploy.resolve.export_inputs import (
+        resolve_export,  # checks first: no torch import before
+    )
 
     target, drafter = args.target or DEFAULT_TARGET, args.drafter or DEFAULT_DRAFTER
     quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
@@ -62,8 +64,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.manifest import verify_bundle
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.bundle.folder import verify_bundle
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
     tok = load_bundle_tokenizer(Path(bundle), "target", verify_bundle(bundle).files)
@@ -73,9 +75,9 @@ def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from omnidraft_deploy.manifest import write_text_atomic
+    from omnidraft_deploy.bundle.atomic import write_text_atomic
+    from omnidraft_deploy.bundle.state import VALIDATION_REPORT, state_dir
     from omnidraft_deploy.runtime.validate import validate_bundle
-    from omnidraft_deploy.state import VALIDATION_REPORT, state_dir
 
     ok = True
     for bundle in args.bundles:
@@ -100,12 +102,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    from omnidraft_deploy.manifest import verify_bundle
+    from omnidraft_deploy.bundle.folder import verify_bundle
+    from omnidraft_deploy.bundle.state import state_dir
+    from omnidraft_deploy.cli.streaming import TextStreamer
     from omnidraft_deploy.runtime.validate import run_bundle, target_only
     from omnidraft_deploy.speculative.decoder import DecodeConfig
     from omnidraft_deploy.speculative.drafter import Mode
-    from omnidraft_deploy.state import state_dir
-    from omnidraft_deploy.streaming import TextStreamer
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
     tok = load_bundle_tokenizer(Path(args.bundle), "target", verify_bundle(args.bundle).files)
@@ -159,8 +161,8 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from omnidraft_deploy.bundle.state import state_dir
     from omnidraft_deploy.runtime.profile import profile_bundle
-    from omnidraft_deploy.state import state_dir
 
     path = profile_bundle(
         Path(args.bundle), state_dir(args.bundle, args.state), k_max=args.k_max, reps=args.reps,

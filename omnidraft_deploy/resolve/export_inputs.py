@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from omnidraft_deploy.backends import bytes_per_param
-from omnidraft_deploy.presets import ModelSpec, Source, get_preset, list_presets
+from omnidraft_deploy.catalog.backends import bytes_per_param
+from omnidraft_deploy.catalog.presets import ModelSpec, Source, get_preset, list_presets
 
 if TYPE_CHECKING:  # protocols imports torch; the checks here must not
     from omnidraft_deploy.protocols import TokenizerLike
@@ -68,7 +68,7 @@ def check_out_dir(out: Path, *, force: bool) -> bool:
 
     Returns True when ``out`` holds a bundle that the export will replace. Never modifies ``out``.
     """
-    from omnidraft_deploy.manifest import FORMAT_NAME, MANIFEST_NAME
+    from omnidraft_deploy.bundle.manifest import FORMAT_NAME, MANIFEST_NAME
 
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise InputError("--out", f"{out} exists and is not a folder; choose a new folder.")
@@ -129,7 +129,7 @@ def resolve_weights(spec: ModelSpec, value: str | None, role: str) -> str | None
     if spec.source in (Source.RANDOM, Source.PRETRAIN):
         return None
     if spec.gguf_asset:
-        from omnidraft_deploy import assets
+        from omnidraft_deploy.catalog import assets
 
         try:
             return str(assets.asset_path(spec.gguf_asset))
@@ -159,7 +159,7 @@ def _matching_presets(model_type: str, rows: int) -> str:
     names = [
         s.name for s in list_presets() if s.family.value == model_type and s.vocab_size == rows
     ]
-    return ", ".join(names) if names else "none yet: add one to omnidraft_deploy/presets.py"
+    return ", ".join(names) if names else "none yet: add one to omnidraft_deploy/catalog/presets.py"
 
 
 def _refuse_tokenizer(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from omnidraft_deploy.presets import ModelSpec
+from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
 from omnidraft_deploy.vocab.mapper import VocabMapper
 

@@ -1,6 +1,6 @@
 """Every flag of ``omnidraft <verb>`` and ``omnidraft-export``: the one parser module.
 
-``omnidraft_deploy.cli`` (the composition root) passes its handlers in by verb name; this module
+``omnidraft_deploy.cli.main`` (the composition root) passes its handlers in by verb name; this module
 imports no backend, so ``--help`` starts in well under a second. Help shows defaults (except
 unset ones) and the export recipes.
 """
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnidraft_deploy import __version__
-from omnidraft_deploy.backends import backend_names, quantization_help
-from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role
+from omnidraft_deploy.catalog.backends import backend_names, quantization_help
+from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role
 
 Handler = Callable[[argparse.Namespace], int]
 DEFAULT_PROMPT = (

@@ -37,8 +37,8 @@ from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, GraphInfo, Manifest
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import TokenizerLike
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 if TYPE_CHECKING:

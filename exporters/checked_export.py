@@ -31,8 +31,8 @@ def record_target(cfg: ExportConfig, inputs: ExportInputs, graph: Path) -> bytes
     (``verify.reference_for``: after the sink token its metadata names, if any)."""
     from omnidraft_deploy.exporters.verify import reference_for
 
-    from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.reference.torch_lm import EagerLM
+    from omnidraft_deploy.resolve.load import load_model
 
     spec = inputs.target.spec
     model = load_model(spec, seed=cfg.seed, max_seq_len=cfg.max_seq_len, weights=cfg.target_model)

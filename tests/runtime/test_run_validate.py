@@ -27,7 +27,8 @@ PAIRS = [
 def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
     from omnidraft_deploy.runtime.bundle import open_bundle
-    from omnidraft_deploy.runtime.validate import run_bundle, validate_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
+    from omnidraft_deploy.runtime.validate import validate_bundle
 
     from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
@@ -41,9 +42,9 @@ def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
     prompt = tok.encode(load_prompts({"math"})[0].text)[:40]
     report = validate_bundle(bundle, [("math", prompt)], max_new_tokens=16)
     assert report["passed"], report
-    out, stats = run_bundle(bundle, prompt, max_new_tokens=16)  # first run: the shipped cache
-    assert stats.acceptance_rate == report["rows"][0]["acceptance_rate"]
     opened = open_bundle(bundle)
+    out, stats = run_bundle(opened, prompt, max_new_tokens=16)  # first run: the shipped cache
+    assert stats.acceptance_rate == report["rows"][0]["acceptance_rate"]
     decode = DecodeConfig(max_new_tokens=16, vocab_limit=opened.mapper.target_vocab_size,
                           eos_ids=opened.mapper.target_eos)  # fmt: skip
     assert out == generate_target_only(opened.target, prompt, decode)[0]

@@ -54,9 +54,9 @@ from omnidraft_deploy.distill.offline import (
     recipe_of,
 )
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.reference.load import load_model, truncated
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model, truncated
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer

@@ -32,7 +32,7 @@ from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.catalog.backends import get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.resolve.load import load_model
 
 log = logging.getLogger("export_report")
 DEFAULT_CONFIGS = (

@@ -26,8 +26,8 @@ from omnidraft_deploy.exporters.quant.calibration import calibration_ids, start_
 from omnidraft_deploy.exporters.verify import prompt_ids
 
 from omnidraft_deploy.catalog.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.sink import SinkModel, first_token_peak, sink_for
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 

@@ -41,9 +41,9 @@ from omnidraft_deploy.distill.data import build_corpus, split
 from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     SpeculativeDecoder,

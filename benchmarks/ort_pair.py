@@ -51,12 +51,12 @@ class TracedStats(DecodeStats):
 
 def _eager(source: str, max_seq_len: int) -> Any:
     from omnidraft_deploy.catalog.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     name, _, variant = source.partition(":")
     spec = get_preset(name)
     if variant == "before":
-        from omnidraft_deploy.reference.load import truncated
+        from omnidraft_deploy.resolve.load import truncated
 
         return spec, truncated(spec, max_seq_len=max_seq_len)
     return spec, load_model(spec, max_seq_len=max_seq_len)

@@ -31,8 +31,8 @@ from torch import Tensor, nn
 
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.rotate import rotated as rotated_model
+from omnidraft_deploy.resolve.load import load_model
 
 
 def fake_quant(x: Tensor, bound: float, bits: int = 16, lo: float | None = None) -> Tensor:

@@ -100,7 +100,7 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
 
     from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.catalog.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     out = WORK / "ours" / f"{preset}-{precision}"
     if (out / "stages.json").is_file() and not force:
@@ -133,7 +133,7 @@ def export_pte(preset: str) -> None:
 
     from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.catalog.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     path = WORK / "ours" / f"{preset}-fp32" / "target.pte"
     if not path.is_file():

@@ -37,8 +37,8 @@ from omnidraft_deploy.bundle.folder import atomic_bundle_dir
 from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, GraphInfo, Manifest
 from omnidraft_deploy.catalog.backends import get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.resolve.load import load_model
 
 log = logging.getLogger(__name__)
 # verify(written graph path, its GraphInfo, eager fp32 model) -> parity dict (raises on failure)

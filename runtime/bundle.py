@@ -146,10 +146,14 @@ def htp_context(root: Path, manifest: Manifest, file: str) -> Path | None:
 
 
 def load_graph_file(
-    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu"
-) -> RuntimeModel:
+    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu",
+    background_pages: bool = False,
+) -> RuntimeModel:  # fmt: skip
     """A runtime model for ``role``'s graph (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or
-    QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models)."""
+    QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models).
+    ONNX Runtime CPU sessions get their weights on huge pages: before this returns, or with
+    ``background_pages`` in a background thread (``host.pages_later``: off the first token's
+    path)."""
     info = manifest.graphs[role]
     path = root / info.file
     if path.suffix == ".pte":
@@ -170,6 +174,10 @@ def load_graph_file(
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
+    if background_pages:
+        from omnidraft_deploy.host.pages_later import collapse_later
+
+        return collapse_later(lambda: OrtModel(path, info, decode=decode, huge_pages=False))
     return OrtModel(path, info, decode=decode)
 
 
@@ -235,22 +243,35 @@ def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> 
         return shipped
 
 
-def check_bundle(bundle_dir: str | Path) -> tuple[Manifest, VocabMapper, NGramCache]:
-    """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet."""
+def check_bundle(
+    bundle_dir: str | Path, *, state: Path | None = None, trust_record: bool = True
+) -> tuple[Manifest, VocabMapper, NGramCache]:
+    """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet;
+    ``state`` / ``trust_record``: ``bundle.folder.verify_bundle``'s hash record."""
     root = Path(bundle_dir)
-    manifest = verify_bundle(root)
+    manifest = verify_bundle(root, state=state, trust_record=trust_record)
     mapper, cache = load_tables(root, manifest)
     for role in ("drafter", "target"):  # every graph's metadata before any session is created
         check_graph(root, manifest, role)
     return manifest, mapper, cache
 
 
-def open_bundle(bundle_dir: str | Path, *, provider: str | None = None) -> OpenBundle:
-    """Verify, then load a bundle; ``provider`` None -> ``default_provider``."""
+def open_bundle(
+    bundle_dir: str | Path,
+    *,
+    provider: str | None = None,
+    state: Path | None = None,
+    trust_record: bool = True,
+) -> OpenBundle:
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``. A command opens its
+    bundle once and passes the ``OpenBundle`` on (``runtime.run``); with the bundle's session
+    folder ``state``, files hashed by an earlier open and unchanged since are not hashed again
+    (``bundle.hash_record``; ``trust_record=False`` hashes them all)."""
     root = Path(bundle_dir)
-    manifest, mapper, cache = check_bundle(root)
+    manifest, mapper, cache = check_bundle(root, state=state, trust_record=trust_record)
     provider = provider or default_provider(manifest)
     drafter, target = (
-        load_graph_file(root, manifest, r, provider=provider) for r in ("drafter", "target")
+        load_graph_file(root, manifest, r, provider=provider, background_pages=True)
+        for r in ("drafter", "target")
     )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

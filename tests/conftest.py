@@ -31,6 +31,19 @@ def require_asset() -> Callable[[str], Path]:
     return require_asset_path
 
 
+@pytest.fixture(scope="session")
+def cli_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny ONNX bundle exported through ``omnidraft-export`` (no parity run: graph parity
+    has its own tests), shared by the CLI, hash-record and layering tests; copy it to change it."""
+    pytest.importorskip("onnxruntime")
+    from omnidraft_deploy.cli.main import export_main
+
+    out = tmp_path_factory.mktemp("cli") / "tiny-onnx"
+    args = ["--backend", "onnx", "--out", str(out), "--max-seq-len", "48", "--draft-len", "3"]
+    assert export_main([*args, "--no-verify"]) == 0
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _exports_open_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26: every bundle a test writes through the one export path

@@ -71,8 +71,8 @@ def _check(path: Path, entry: FileEntry, size: int, digest: str) -> None:
         raise _error(path, "sha256 mismatch with manifest (corrupted or replaced)")
 
 
-def verify_listed(root: Path, rel: str, entry: FileEntry) -> None:
-    """Size and sha256 of a listed file, streamed (graphs can be GBs)."""
+def verify_listed(root: Path, rel: str, entry: FileEntry) -> os.stat_result:
+    """Size and sha256 of a listed file, streamed (graphs can be GBs); its ``fstat`` when sound."""
     fd = open_plain(root, rel)
     h, size = hashlib.sha256(), 0
     with os.fdopen(fd, "rb") as f:
@@ -81,7 +81,18 @@ def verify_listed(root: Path, rel: str, entry: FileEntry) -> None:
         while block := f.read(_CHUNK):
             h.update(block)
             size += len(block)
+        st = os.fstat(f.fileno())
     _check(root / rel, entry, size, h.hexdigest())
+    return st
+
+
+def stat_listed(root: Path, rel: str) -> os.stat_result:
+    """``fstat`` of ``root/rel`` opened as every read is (``open_plain``: no symlink, a plain file)."""
+    fd = open_plain(root, rel)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def read_listed(

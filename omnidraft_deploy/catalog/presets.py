@@ -2,7 +2,7 @@
 and the small models this project trains itself.
 
 A preset is data: architecture dimensions, which tokenizer it speaks, and ``source``, where its
-weights come from (``reference.load.load_model`` is the one loader that reads it):
+weights come from (``resolve.load.load_model`` is the one loader that reads it):
 
 - ``random``: ``tiny-*`` twins keep the family (Llama / Qwen2 block layout, GQA, qkv bias, tied
   embeddings) and the *real* tokenizer and vocabulary size, but use small random-initialised dims

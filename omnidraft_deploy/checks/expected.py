@@ -1,6 +1,6 @@
 """Target-only output recorded at export time: the independent reference ``validate`` checks.
 
-At export, the eager fp32 target (the user's own weights, loaded by ``reference.load``) decodes
+At export, the eager fp32 target (the user's own weights, loaded by ``resolve.load``) decodes
 the shipped prompt set greedily, target-only, and ``expected.json`` records, per prompt, the text,
 the ids the bundle's tokenizer gives it (cut to fit the graphs' ``max_seq_len`` with the new
 tokens) and the ids the target produced, plus the decoded text::

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,12 @@ from omnidraft_deploy.catalog.backends import get_backend
 from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
 from omnidraft_deploy.cli.console import library_stdout, run_verb
 from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
-from omnidraft_deploy.cli.parser import Handler, build_export_parser, build_parser
+from omnidraft_deploy.cli.parser import (
+    VERIFY_HASHES_ENV,
+    Handler,
+    build_export_parser,
+    build_parser,
+)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -63,12 +69,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state(bundle: str, override: str | None) -> Path:
+    """The bundle's session folder (``bundle.state``), once its manifest reads as a bundle's: a
+    missing or foreign folder is refused (``BundleError``) before any state folder is made."""
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.state import state_dir
+
+    read_manifest(bundle)
+    return state_dir(bundle, override)
+
+
 def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.bundle.folder import verify_bundle
+    from omnidraft_deploy.bundle.folder import read_manifest
     from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
-    tok = load_bundle_tokenizer(Path(bundle), "target", verify_bundle(bundle).files)
+    # the tokenizer's bytes are hashed as read; adapt_bundle opens (and checks) the whole bundle
+    tok = load_bundle_tokenizer(Path(bundle), "target", read_manifest(bundle).files)
     return [(p.task, tok.encode(p.text)) for p in load_prompts()]
 
 
@@ -76,7 +93,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from omnidraft_deploy.bundle.atomic import write_text_atomic
-    from omnidraft_deploy.bundle.state import VALIDATION_REPORT, state_dir
+    from omnidraft_deploy.bundle.state import VALIDATION_REPORT
     from omnidraft_deploy.runtime.validate import validate_bundle
 
     ok = True
@@ -85,10 +102,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         def bar(rows: Any, name: str = bundle) -> Any:
             return tqdm(rows, desc=f"validate {name}", unit="prompt", leave=False)
 
-        report = validate_bundle(
-            bundle, max_new_tokens=args.max_new_tokens, provider=args.provider, progress=bar
-        )
-        path = state_dir(bundle, args.state) / VALIDATION_REPORT
+        state = _state(bundle, args.state)
+        report = validate_bundle(bundle, max_new_tokens=args.max_new_tokens,
+                                 provider=args.provider, progress=bar, state=state)  # fmt: skip
+        path = state / VALIDATION_REPORT
         write_text_atomic(path, json.dumps(report, indent=2) + "\n")
         n = report["prompts"]
         print(f"{bundle}: {report['backend']}/{report['quantization']} on {report['provider']}: "
@@ -102,15 +119,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
-    from omnidraft_deploy.bundle.folder import verify_bundle
-    from omnidraft_deploy.bundle.state import state_dir
     from omnidraft_deploy.cli.streaming import TextStreamer
-    from omnidraft_deploy.runtime.validate import run_bundle, target_only
+    from omnidraft_deploy.runtime.bundle import open_bundle
+    from omnidraft_deploy.runtime.run import run_bundle, target_only
     from omnidraft_deploy.speculative.decoder import DecodeConfig
     from omnidraft_deploy.speculative.drafter import Mode
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
-    tok = load_bundle_tokenizer(Path(args.bundle), "target", verify_bundle(args.bundle).files)
+    state = _state(args.bundle, args.state)
+    bundle = open_bundle(args.bundle, provider=args.provider, state=state,
+                         trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
+    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     text = (
         render_chat(getattr(tok, "chat_template", None), args.prompt) if args.chat else args.prompt
     )
@@ -121,15 +140,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.chat:
         sys.stdout.write(args.prompt)
     ids = tok.encode(text)
-    _, stats = run_bundle(
-        args.bundle, ids, provider=args.provider, observer=stream, config=cfg,
-        state=state_dir(args.bundle, args.state), generator=torch.Generator().manual_seed(args.seed),
-    )  # fmt: skip
+    _, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
+                          generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     stream.finish()
     if args.stats:
         summary = {k: round(v, 4) for k, v in stats.summary().items()}
-        base, base_stats = target_only(args.bundle, ids, cfg, provider=args.provider,
-                                       generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+        _, base_stats = target_only(bundle, ids, cfg,
+                                    generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
         summary["target_only_wall_s"] = round(base_stats.wall_s, 4)
         summary["speedup_vs_target_only"] = round(base_stats.wall_s / max(stats.wall_s, 1e-9), 3)
         print(json.dumps(summary), file=sys.stderr)

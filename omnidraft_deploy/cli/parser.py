@@ -35,6 +35,10 @@ EXPORT_DESCRIPTION = ("Export a verified drafter + target bundle (graphs, tokeni
 PROVIDER_HELP = "where the graphs run (default: qnn bundles on the QNN HTP, others the CPU)"
 STATE_HELP = "folder for session files (grown n-gram cache, reports); default: user state folder"
 VERBOSE_HELP = "library warnings, tracebacks"
+VERIFY_HASHES_ENV = "OMNIDRAFT_VERIFY_HASHES"
+RUN_EPILOG = f"""hashes: each bundle file is hashed once per file identity (size, mtime, inode)
+and recorded in the --state folder; a changed file is hashed again and refused if it differs.
+{VERIFY_HASHES_ENV}=1 hashes every file on every run ('omnidraft validate' always does)."""
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -114,7 +118,9 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     p.add_argument("--state", help=STATE_HELP)
-    _add_run_flags(_verb(sub, "run", "generate from a bundle (streams text)", handlers, common))
+    p = _verb(sub, "run", "generate from a bundle (streams text)", handlers, common)
+    p.epilog = RUN_EPILOG
+    _add_run_flags(p)
     p = _verb(sub, "profile", "measure per-call latency of a bundle's graphs (cost model)",
               handlers, common)  # fmt: skip
     p.add_argument("bundle")

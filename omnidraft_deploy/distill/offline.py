@@ -19,7 +19,7 @@ Recipe (``presets.EarlyExitRecipe``; the preset's ``source`` is ``early_exit``):
    through all 8 blocks took ~75 s). The trained tensors are cached
    (``<cache>/distill/<name>-<key>.safetensors``, key = recipe + both presets + corpus hash).
 
-``load_early_exit`` is what ``reference.load.load_model`` calls for ``early_exit`` presets.
+``load_early_exit`` is what ``resolve.load.load_model`` calls for ``early_exit`` presets.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from omnidraft_deploy.distill.losses import hybrid_loss_rows
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
-LoadTarget = Callable[[int], Transformer]  # max_seq_len -> the eager target (``reference.load``)
+LoadTarget = Callable[[int], Transformer]  # max_seq_len -> the eager target (``resolve.load``)
 DATA = DataConfig()  # the corpus every early-exit drafter is distilled on
 
 
@@ -288,10 +288,10 @@ def load_early_exit(
     train_if_missing: bool = True,
 ) -> Transformer:
     """The offline-distilled early-exit drafter of ``spec``: ``model`` (the parent's first layers,
-    ``reference.load.truncated``) with its distilled weights, distilling and caching them if
+    ``resolve.load.truncated``) with its distilled weights, distilling and caching them if
     needed (the target comes from ``load_target(max_seq_len)``, only then).
 
-    Callers go through ``reference.load.load_model``, the one loader: it passes the models in, so
+    Callers go through ``resolve.load.load_model``, the one loader: it passes the models in, so
     this module never imports the loader (the arrow runs from the loader down to distill).
     """
     from safetensors.torch import load_file

@@ -1,2 +1,2 @@
 """Golden files for the Android core: decoding traces (``trace``) and the command that writes
-them with the tokenizer vectors (``python -m omnidraft_deploy.golden.write``)."""
+them with the tokenizer vectors (``write``; run as ``python -m omnidraft_deploy.golden``)."""

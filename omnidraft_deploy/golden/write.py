@@ -1,7 +1,7 @@
 """Writes the Android core's golden files: decoding traces and tokenizer vectors (one command).
 
-    .venv/bin/python -m omnidraft_deploy.golden.write            # traces + vectors (about 8 min, 1 thread)
-    .venv/bin/python -m omnidraft_deploy.golden.write --vectors  # tokenizer vectors only (~1 min)
+    .venv/bin/python -m omnidraft_deploy.golden            # traces + vectors (about 8 min, 1 thread)
+    .venv/bin/python -m omnidraft_deploy.golden --vectors  # tokenizer vectors only (~1 min)
 
 ``tests/golden/traces/<name>.json.gz``: ``trace.record_pair`` over the tiny preset pairs that the
 bundle tests export (random weights, real tokenizers) and, when the optional model assets are cached
@@ -178,7 +178,9 @@ def write_vectors(out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m omnidraft_deploy.golden", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--vectors", action="store_true", help="tokenizer vectors only")
     parser.add_argument("--traces", action="store_true", help="traces only")
     parser.add_argument("--no-real", action="store_true", help="skip the real-model traces")

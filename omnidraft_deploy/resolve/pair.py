@@ -1,5 +1,5 @@
 """Composition helpers shared by the CLI and benchmarks: a resolved preset pair -> models (through
-``reference.load``), tokenizers and the mapper.
+``resolve.load``), tokenizers and the mapper.
 
 This is an edge module: it may touch tokenizers (lazily) because it sits between user text and the
 target-id-only decoding core.
@@ -35,9 +35,9 @@ def build_pair(
     target_weights: str | None = None,
     drafter_weights: str | None = None,
 ) -> Pair:
-    """Both eager models (``reference.load``, the one model loader) and the pair's tokenizers and
+    """Both eager models (``resolve.load``, the one model loader) and the pair's tokenizers and
     mapper (``vocab.pair.load_pair_vocab``, the one vocabulary assembly)."""
-    from omnidraft_deploy.reference.load import load_lm
+    from omnidraft_deploy.resolve.load import load_lm
     from omnidraft_deploy.vocab.pair import load_pair_vocab
 
     vocab = load_pair_vocab(

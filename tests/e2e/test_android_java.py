@@ -4,7 +4,7 @@ Runs android_demo/run_java_tests.sh (javac 17 + JUnit4, no Gradle or Android SDK
 (ODNG), vocabulary maps (ODVM, same error messages), bundles, and the JUnit suite with the golden
 traces (tests/golden/traces) and tokenizer vectors (tests/golden/tokenizer_vectors), fed with the
 tokenizer files a bundle ships and the vocabulary maps the Python builder makes. Regenerate the
-golden files with ``python -m omnidraft_deploy.golden.write``.
+golden files with ``python -m omnidraft_deploy.golden``.
 """
 
 from __future__ import annotations

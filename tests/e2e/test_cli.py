@@ -33,12 +33,8 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "tiny-onnx"
-    args = ["--backend", "onnx", "--out", str(out), "--max-seq-len", "48", "--draft-len", "3"]
-    args += ["--no-verify"]  # graph parity has its own tests; here: the CLI around it
-    assert export_main(args) == 0
-    return out
+def bundle(cli_bundle: Path) -> Path:
+    return cli_bundle  # tests/conftest.py: exported once per session, copied before any change
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +65,9 @@ def test_copied_bundle_validates_and_stays_byte_identical(
     assert _tree(copy) == before
     state = tmp_path / "state" / "bundles"
     (folder,) = state.iterdir()
-    assert {p.name for p in folder.iterdir()} == {"validation.json", "ngram_cache.session.bin"}
+    assert {p.name for p in folder.iterdir()} == {
+        "validation.json", "ngram_cache.session.bin", "verified_files.json"
+    }  # fmt: skip
 
 
 def test_run_text_on_stdout_stats_on_stderr(
@@ -195,9 +193,9 @@ def test_expected_json_is_what_the_target_graph_computes(tmp_path: Path) -> None
 
     from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, get_preset
     from omnidraft_deploy.checks.expected import from_bytes
-    from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.reference.sink import SINK_KEY
     from omnidraft_deploy.resolve.export_inputs import resolve_export
+    from omnidraft_deploy.resolve.load import load_model
 
     out = tmp_path / "b"
     inputs = resolve_export(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, model=None,

@@ -22,7 +22,7 @@ PRESET = "smollm2-135m"
 @pytest.fixture(scope="module")
 def smollm2(require_asset: Callable[[str], Path]) -> Transformer:
     require_asset("smollm2-135m-gguf")
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     return load_model(get_preset(PRESET), max_seq_len=128)
 

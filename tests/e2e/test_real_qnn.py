@@ -38,7 +38,7 @@ def test_smollm2_qnn_a16w8_compiles_fully_for_the_htp(
 
     from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.checks.parity import eager_step, parity
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     spec, recipe = get_preset(PRESET), get_recipe("qnn", "qdq-a16w8")
     model = load_model(spec, max_seq_len=256)

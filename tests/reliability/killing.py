@@ -80,7 +80,7 @@ _WEIGHT_SWAP = """
 import sys, torch
 from omnidraft_deploy.exporters.publish import publish_drafter
 from omnidraft_deploy.catalog.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.resolve.load import load_model
 drafter = load_model(get_preset("tiny-llama-68m"), seed=int(sys.argv[2]), max_seq_len=32)
 publish_drafter(sys.argv[1], drafter)
 """

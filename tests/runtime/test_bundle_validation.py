@@ -69,16 +69,17 @@ def test_export_records_parity_and_validates(bundle: Path) -> None:
 
 
 def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> None:
-    from omnidraft_deploy.runtime.validate import SESSION_CACHE, run_bundle
+    from omnidraft_deploy.runtime.bundle import SESSION_CACHE, open_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
 
     copy = tmp_path / "b"
     shutil.copytree(bundle, copy)
     ids = _prompts(copy)[0][1]
     provider = "qnn" if read_manifest(copy).backend == "qnn" else "cpu"
     state = tmp_path / "state"  # session files never go into the bundle (issue 14)
-    first, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
+    first, _ = run_bundle(open_bundle(copy, provider=provider), ids, max_new_tokens=6, state=state)
     assert (state / SESSION_CACHE).is_file() and not (copy / SESSION_CACHE).exists()
-    second, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
+    second, _ = run_bundle(open_bundle(copy, provider=provider), ids, max_new_tokens=6, state=state)
     assert first == second
 
 

@@ -29,7 +29,8 @@ def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.bundle import ExportConfig
     from omnidraft_deploy.exporters.export import export_pair
     from omnidraft_deploy.runtime.bundle import open_bundle
-    from omnidraft_deploy.runtime.validate import run_bundle, validate_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
+    from omnidraft_deploy.runtime.validate import validate_bundle
 
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
 
@@ -42,9 +43,9 @@ def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
     rows = json.loads((bundle / "expected.json").read_text())["prompts"]
     i = next(i for i, r in enumerate(rows) if r["task"] == "math")
     prompt = rows[i]["prompt_ids"]
-    out, stats = run_bundle(bundle, prompt, max_new_tokens=16)  # first run: the shipped cache
-    assert stats.acceptance_rate == report["rows"][i]["acceptance_rate"]
     opened = open_bundle(bundle)
+    out, stats = run_bundle(opened, prompt, max_new_tokens=16)  # first run: the shipped cache
+    assert stats.acceptance_rate == report["rows"][i]["acceptance_rate"]
     decode = DecodeConfig(max_new_tokens=16, vocab_limit=opened.mapper.target_vocab_size,
                           eos_ids=opened.mapper.target_eos)  # fmt: skip
     assert out == generate_target_only(opened.target, prompt, decode)[0]

@@ -1,8 +1,9 @@
 """Where a session's own files go, so that bundles stay read-only and travel.
 
-``run`` grows the n-gram cache and ``validate`` writes a report; neither goes into the bundle (a
-bundle is what was exported, byte for byte: it can sit on a read-only disk, be copied to another
-machine, or be shared by users). They go to a per-bundle folder of the user's state::
+``run`` grows the n-gram cache, ``validate`` writes a report, an open records which files it hashed
+(``hash_record``); none of it goes into the bundle (a bundle is what was exported, byte for byte:
+it can sit on a read-only disk, be copied to another machine, or be shared by users). They go to
+a per-bundle folder of the user's state::
 
     --state DIR                                    when given
     $OMNIDRAFT_STATE/bundles/<bundle id>           else, when set

@@ -34,7 +34,7 @@ from typing import Any
 import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 
 log = logging.getLogger("real_pair")
 CHUNKS = op.ROOT / "chunks"
@@ -88,7 +88,7 @@ def _genai_method(threads: int, max_new: int) -> Any:
 
 
 def cmd_run(a: argparse.Namespace) -> None:
-    from omnidraft_deploy.profile import measure
+    from omnidraft_deploy.host.profile import measure
     from omnidraft_deploy.speculative.cost import CostProfile
 
     load0 = os.getloadavg()

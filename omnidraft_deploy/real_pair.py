@@ -80,9 +80,9 @@ class RealPair:
 
 def load_real_pair(*, max_seq_len: int = 512, with_hf: bool = True) -> RealPair:
     """Load the real pair from the cached GGUF assets (raises ``AssetError`` if not cached)."""
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.torch_lm import EagerLM
+    from omnidraft_deploy.resolve.load import load_model
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     target = load_model(get_preset(TARGET_PRESET), max_seq_len=max_seq_len)

@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnidraft_deploy import assets, optional
-from omnidraft_deploy.presets import Family, get_preset
+from omnidraft_deploy import optional
+from omnidraft_deploy.catalog import assets
+from omnidraft_deploy.catalog.presets import Family, get_preset
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 from omnidraft_deploy.reference.rope import (
     llama3_from_freq_factors,

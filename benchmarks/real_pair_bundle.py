@@ -44,8 +44,8 @@ from omnidraft_deploy.runtime.profile import measure_host_overhead
 from ort_pair import _traced  # type: ignore[import-not-found]  # benchmarks/, beside this script
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.profile import measure
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.host.profile import measure
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, FixedDraftLen

@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 
 TARGET_PRESET, DRAFTER_PRESET = "qwen2.5-0.5b", "smollm2-135m"
 # name -> the method whose output and time it is compared with ("own baseline")
-OWN_BASELINE = {"ours": "ours_target", "hf": "hf_target", "genai": "genai_target",
-                "llamacpp": "llamacpp_target"}
+OWN_BASELINE = {
+    "ours": "ours_target",
+    "hf": "hf_target",
+    "genai": "genai_target",
+    "llamacpp": "llamacpp_target",
+}
 
 RunFn = Callable[[list[int]], tuple[list[int], float, DecodeStats | None]]
 

@@ -275,8 +275,9 @@ def open_bundle(
     manifest, mapper, cache = check_bundle(root, state=state, trust_record=trust_record)
     provider = provider or default_provider(manifest)
     drafter, target = (
-        load_graph_file(root, manifest, r, provider=provider, background_pages=True,
-                        threads=threads)  # fmt: skip
+        load_graph_file(
+            root, manifest, r, provider=provider, background_pages=True, threads=threads
+        )  # fmt: skip
         for r in ("drafter", "target")
     )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

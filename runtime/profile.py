@@ -6,7 +6,7 @@ user gets cost-aware drafting without knowing that verb: the first run on a mach
 bundle and the machine; later runs load it, and a different bundle, CPU, core count, ONNX Runtime
 version or provider re-measures.
 
-The per-call latencies come from ``omnidraft_deploy.profile.measure``. The host overhead of a step
+The per-call latencies come from ``omnidraft_deploy.host.profile.measure``. The host overhead of a step
 (``CostProfile.overhead_ms``) is measured where it is paid: a short real decode of the bundle's
 own graphs, mapper and tokenizer (``measure_host_overhead``), wall time minus the time inside the
 target and drafter calls, so the figure the cost model charges is the one the loop pays.

@@ -67,8 +67,10 @@ def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int =
     """Median host ms per speculative step in a real greedy decode of the bundle (module
     docstring): wall time minus target and drafter calls, over the steps after the prefill."""
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
-    prompt = tok.encode(_HOST_PROMPT)
-    cfg = DecodeConfig(max_new_tokens=HOST_STEPS_TOKENS, vocab_limit=bundle.mapper.target_vocab_size,
+    cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
+    prompt = tok.encode(_HOST_PROMPT)[: cap // 2]
+    new = max(1, min(HOST_STEPS_TOKENS, cap - len(prompt) - 2 * draft_len - 2))
+    cfg = DecodeConfig(max_new_tokens=new, vocab_limit=bundle.mapper.target_vocab_size,
                        eos_ids=(), host_threads=1)  # fmt: skip
     per_step = []
     for _ in range(reps):
@@ -84,8 +86,10 @@ def measure_bundle(bundle: OpenBundle, *, k_max: int = 8, reps: int = 7,
                    progress: Progress = lambda r: r) -> CostProfile:  # fmt: skip
     """Call latencies (``profile.measure``) + the in-loop host overhead, stamped with the
     bundle's ``fingerprint``."""
+    cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
+    k_max = max(1, min(k_max, cap // 4 - 1))  # small test bundles: every call must fit
     prof = measure(bundle.target, {"drafter": bundle.drafter}, k_max=k_max, reps=reps,
-                   progress=progress)["drafter"]  # fmt: skip
+                   context=min(64, cap // 4), progress=progress)["drafter"]  # fmt: skip
     return dataclasses.replace(prof, overhead_ms=measure_host_overhead(bundle),
                                fingerprint=fingerprint(bundle))  # fmt: skip
 

@@ -165,7 +165,10 @@ def gguf_to_hf_folder(gguf: str | Path) -> tuple[Path, bool]:
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf}: GGUF file not found")
     sha = next((a.sha256 for a in assets.ASSETS.values() if _is_asset_file(a.name, gguf)), None)
-    sha = sha or assets.sha256_file(gguf)
+    if sha is None:  # a GGUF that is not a pinned asset: keyed by its own content
+        from omnidraft_deploy.bundle.files import sha256_file
+
+        sha = sha256_file(gguf)
     folder = assets.derived_path("hf-gguf", sha, "model.safetensors").parent
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder, False

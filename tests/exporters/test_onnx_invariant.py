@@ -131,7 +131,10 @@ def test_invariant_needs_whole_span_blocks(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.onnx.graph import can_be_invariant, export_onnx
 
     model = build_model(SPEC, seed=5, max_seq_len=96)
-    assert not can_be_invariant(model.args, "int8") and not can_be_invariant(model.args, "fp32")
+    int8, fp32 = get_recipe("onnx", "int8"), get_recipe("onnx", "fp32")  # read by their fields
+    assert not can_be_invariant(model.args, int8) and not can_be_invariant(model.args, fp32)
+    whole = build_model(SPEC, seed=5, max_seq_len=128).args
+    assert can_be_invariant(whole, int8) and not can_be_invariant(whole, fp32)
     info = graph_info(model, SPEC, file="t.onnx", quantization="int8", seq_len=None)
     with pytest.raises(ValueError, match="multiple of 64"):
         export_onnx(model, tmp_path / "t.onnx", info=info, recipe=get_recipe("onnx", "int8"),

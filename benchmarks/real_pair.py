@@ -69,11 +69,12 @@ def _load(a: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], dict[str, An
     return target, target_tok, lms, facts
 
 
-def _genai_method(threads: int, max_new: int) -> Any:
+def genai_method(threads: int, max_new: int, folder: Path = GENAI) -> Any:
+    """ONNX Runtime GenAI's greedy decode of its builder's graph in ``folder`` (a method row)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from runtime_speed import GenAI  # type: ignore[import-not-found]
 
-    engine = GenAI(GENAI, threads)
+    engine = GenAI(folder, threads)
 
     def run(ids: list[int]) -> tuple[list[int], float, None]:
         t0 = time.perf_counter()
@@ -114,7 +115,7 @@ def cmd_run(a: argparse.Namespace) -> None:
                                hybrid=tuple(a.hybrid.split(",")) if a.hybrid else (),
                                heuristic=tuple(a.heuristic.split(",")) if a.heuristic else ())  # fmt: skip
     if (GENAI / "genai_config.json").is_file() and not a.no_genai:
-        methods["genai_target"] = _genai_method(a.threads, a.max_new_tokens)
+        methods["genai_target"] = genai_method(a.threads, a.max_new_tokens)
     if not a.no_hf:
         methods |= _hf_methods(cfg, a.threads)
     load_s = time.perf_counter() - t0

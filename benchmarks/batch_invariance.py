@@ -25,7 +25,7 @@ from typing import Any
 import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
 import torch
 
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, build_corpus, split
 from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
 from omnidraft_deploy.vocab.build import build_mapper

@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 
-from omnidraft_deploy.assets import cache_root
-from omnidraft_deploy.atomic import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.catalog.assets import cache_root
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, build_corpus, split
 from omnidraft_deploy.distill.evaluate import EvalSettings, evaluate_drafter, task_prompts
@@ -51,13 +52,11 @@ from omnidraft_deploy.distill.offline import (
     freeze_all_but_last,
     mapper_for,
     recipe_of,
-    truncated,
 )
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model, truncated
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
@@ -171,8 +170,9 @@ def _export_drafter(drafter: Transformer, spec: Any, quant: str, root: Path) -> 
     against eager PyTorch (``exporters.verify``; raises outside the recipe's tolerance)."""
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     out = root / f"{spec.name}-{quant}"
     recipe = get_recipe("onnx", quant)
@@ -193,7 +193,7 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    from omnidraft_deploy.manifest import GraphInfo
+    from omnidraft_deploy.bundle.manifest import GraphInfo
     from omnidraft_deploy.real_pair import forward_latency
 
     torch.set_num_threads(cfg.threads)

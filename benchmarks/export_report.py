@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.memory import PeakRSS
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids, reference_for
 
-from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.parity import eager_step, parity, step_speed
-from omnidraft_deploy.presets import ModelSpec, get_preset
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
+from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
+from omnidraft_deploy.resolve.load import load_model
 
 log = logging.getLogger("export_report")
 DEFAULT_CONFIGS = (
@@ -82,7 +82,7 @@ def run_config(
         row["parity"] = result
         row["speed"] = step_speed(artifact, verify_len=5, max_seq_len=info.max_seq_len)
         if htp and backend == "qnn":
-            from omnidraft_deploy.exporters.qnn import htp_step
+            from omnidraft_deploy.exporters.qnn.qdq import htp_step
 
             t2 = time.perf_counter()
             row["htp_parity"] = parity(htp_step(path, info), reference, prompts)

@@ -22,12 +22,12 @@ import argparse
 from pathlib import Path
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids, start_windows
+from omnidraft_deploy.exporters.quant.calibration import calibration_ids, start_windows
 from omnidraft_deploy.exporters.verify import prompt_ids
 
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.sink import SinkModel, first_token_peak, sink_for
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 

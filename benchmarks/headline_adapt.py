@@ -35,15 +35,15 @@ from typing import Any
 
 import torch
 
+from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import build_corpus, split
 from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import ModelSpec, get_preset
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     SpeculativeDecoder,
@@ -73,7 +73,7 @@ def _onnx_graph(
 ) -> tuple[Path, Any]:
     """Export ``model`` (fp32, dynamic T) to ``path`` unless cached there; returns (path, info)."""
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     info = graph_info(model, spec, file=path.name, quantization="fp32", seq_len=None)
     if not path.is_file():
@@ -175,7 +175,7 @@ def _fmt(x: float | None) -> str:
 
 
 def _write(res: dict[str, Any], out: Path) -> None:
-    from omnidraft_deploy.manifest import write_text_atomic
+    from omnidraft_deploy.bundle.atomic import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "headline_adapt.json", json.dumps(res, indent=1))
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(a.threads)
-    from omnidraft_deploy.assets import cache_root
+    from omnidraft_deploy.catalog.assets import cache_root
 
     t_spec, d_spec = get_preset(TARGET), get_preset(DRAFTER)  # resolved once
     target = load_model(t_spec, max_seq_len=a.max_seq_len)

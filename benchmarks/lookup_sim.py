@@ -23,7 +23,7 @@ import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside t
 import real_pair as rpb  # type: ignore[import-not-found]
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 

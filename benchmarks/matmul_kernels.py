@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.onnx_fused import GraphWriter
+from omnidraft_deploy.exporters.onnx.fused import GraphWriter
 
-from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.profile import ort_session
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.host.profile import ort_session
 
 SHAPES = {"gate_up": (896, 9728), "down": (4864, 896), "lm_head": (896, 151936)}
 KERNELS = {"nbits8": (8, False), "nbits4": (4, False), "w8a8": (8, True), "fp32": (0, False)}

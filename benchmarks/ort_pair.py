@@ -50,13 +50,13 @@ class TracedStats(DecodeStats):
 
 
 def _eager(source: str, max_seq_len: int) -> Any:
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.resolve.load import load_model
 
     name, _, variant = source.partition(":")
     spec = get_preset(name)
     if variant == "before":
-        from omnidraft_deploy.distill.offline import truncated
+        from omnidraft_deploy.resolve.load import truncated
 
         return spec, truncated(spec, max_seq_len=max_seq_len)
     return spec, load_model(spec, max_seq_len=max_seq_len)
@@ -67,9 +67,9 @@ def early_exit_ready(source: str) -> bool:
     name, _, variant = source.partition(":")
     if variant == "before" or not name.startswith("smollm2-ee"):
         return True
-    from omnidraft_deploy.assets import cache_root
+    from omnidraft_deploy.catalog.assets import cache_root
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.distill.offline import distilled_path
-    from omnidraft_deploy.presets import get_preset
 
     return distilled_path(get_preset(name), Path(cache_root())).is_file()
 
@@ -102,9 +102,8 @@ def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
     """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: see
     ``parse_quant``. A cached graph is reused with its parity and ``GraphInfo`` (no eager model
     is loaded)."""
-    from omnidraft_deploy.exporters.quantize import get_recipe
-
-    from omnidraft_deploy.manifest import GraphInfo
+    from omnidraft_deploy.bundle.manifest import GraphInfo
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     out = root / f"{source.replace(':', '-')}-{quant}"
     recipe = get_recipe("onnx", parse_quant(quant)[0])
@@ -132,8 +131,9 @@ def _graph_info_json(path: Path) -> str:
 def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_len: int) -> Any:
     from omnidraft_deploy.exporters import get_exporter
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import verify_artifact
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     spec, model = _eager(source, max_seq_len)
     base, level, invariant = parse_quant(quant)

@@ -23,17 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omnidraft_deploy.exporters.calibration import calibration_ids, calibration_prompts
-from omnidraft_deploy.exporters.int4_plan import int8_blocks
-from omnidraft_deploy.exporters.onnx_fused import int4_rtn
-from omnidraft_deploy.exporters.quantize import per_row_int8, swap_modules
+from omnidraft_deploy.exporters.quant.calibration import calibration_ids, calibration_prompts
+from omnidraft_deploy.exporters.quant.grids import int4_rtn, per_row_int8, swap_modules
+from omnidraft_deploy.exporters.quant.int4_plan import int8_blocks
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.rotate import rotated as rotated_model
+from omnidraft_deploy.resolve.load import load_model
 
 
 def fake_quant(x: Tensor, bound: float, bits: int = 16, lo: float | None = None) -> Tensor:
@@ -56,7 +55,7 @@ def gptq_row(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok:
              kinds: list[str]) -> str:  # fmt: skip
     """Every body linear at int4 (block 32) by GPTQ (``exporters.gptq``), Hessians of the fp32
     model's inputs over held-out calibration text."""
-    from omnidraft_deploy.exporters.gptq import gptq_int4, input_hessians
+    from omnidraft_deploy.exporters.quant.gptq import gptq_int4, input_hessians
 
     hess = input_hessians(model, calibration_prompts(tok, limit=128), tuple(kinds))
     m = copy.deepcopy(model)
@@ -133,7 +132,9 @@ def a16_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok:
 def xnnpack_rows(
     model: nn.Module, prompts: list[list[int]], ref: list[Tensor], _tok: str
 ) -> list[str]:
-    from omnidraft_deploy.exporters.quantize import get_recipe, quantize_eager
+    from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     turned = rotated_model(model)  # the same function, residual outliers spread (QuaRot)
     return [f"| xnnpack {name} (torchao, eager){', rotated' if m is turned else ''} | "
@@ -148,9 +149,11 @@ def xnnpack8_rows(
     / top-1 on held-out text (how the recipe is chosen) and on the verification prompts."""
     import dataclasses
 
-    from omnidraft_deploy.exporters.int4_plan import compare, logits
-    from omnidraft_deploy.exporters.quantize import get_recipe, quantize_eager
-    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
+    from omnidraft_deploy.exporters.quant.int4_plan import compare, logits
+    from omnidraft_deploy.exporters.quant.smoothquant import activation_absmax, smoothed
+    from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     vocab = model.args.vocab_size  # type: ignore[union-attr]
     held = calibration_ids(tok, vocab, 64)
@@ -194,7 +197,7 @@ class RowInt8Linear(nn.Module):
 def w8a8_rows(model: nn.Module, prompts: list[list[int]], ref: list[Tensor], tok: str) -> list[str]:
     """Per-row int8 activations on every linear incl. lm_head, with and without SmoothQuant
     (``exporters.smoothquant``, calibrated on held-out text), against blockwise int8 (``int8``)."""
-    from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed
+    from omnidraft_deploy.exporters.quant.smoothquant import activation_absmax, smoothed
 
     calib = calibration_prompts(tok, limit=128)
     stats = activation_absmax(model, calib)

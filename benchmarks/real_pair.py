@@ -34,7 +34,7 @@ from typing import Any
 import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 
 log = logging.getLogger("real_pair")
 CHUNKS = op.ROOT / "chunks"
@@ -69,11 +69,12 @@ def _load(a: argparse.Namespace) -> tuple[Any, Any, dict[str, Any], dict[str, An
     return target, target_tok, lms, facts
 
 
-def _genai_method(threads: int, max_new: int) -> Any:
+def genai_method(threads: int, max_new: int, folder: Path = GENAI) -> Any:
+    """ONNX Runtime GenAI's greedy decode of its builder's graph in ``folder`` (a method row)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from runtime_speed import GenAI  # type: ignore[import-not-found]
 
-    engine = GenAI(GENAI, threads)
+    engine = GenAI(folder, threads)
 
     def run(ids: list[int]) -> tuple[list[int], float, None]:
         t0 = time.perf_counter()
@@ -88,7 +89,7 @@ def _genai_method(threads: int, max_new: int) -> Any:
 
 
 def cmd_run(a: argparse.Namespace) -> None:
-    from omnidraft_deploy.profile import measure
+    from omnidraft_deploy.host.profile import measure
     from omnidraft_deploy.speculative.cost import CostProfile
 
     load0 = os.getloadavg()
@@ -114,7 +115,7 @@ def cmd_run(a: argparse.Namespace) -> None:
                                hybrid=tuple(a.hybrid.split(",")) if a.hybrid else (),
                                heuristic=tuple(a.heuristic.split(",")) if a.heuristic else ())  # fmt: skip
     if (GENAI / "genai_config.json").is_file() and not a.no_genai:
-        methods["genai_target"] = _genai_method(a.threads, a.max_new_tokens)
+        methods["genai_target"] = genai_method(a.threads, a.max_new_tokens)
     if not a.no_hf:
         methods |= _hf_methods(cfg, a.threads)
     load_s = time.perf_counter() - t0

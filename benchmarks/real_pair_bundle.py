@@ -42,10 +42,11 @@ import torch
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 from omnidraft_deploy.runtime.profile import measure_host_overhead
 from ort_pair import _traced  # type: ignore[import-not-found]  # benchmarks/, beside this script
+from real_pair import genai_method  # type: ignore[import-not-found]
 
 from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.manifest import write_text_atomic
-from omnidraft_deploy.profile import measure
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.host.profile import measure
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, FixedDraftLen
@@ -128,7 +129,7 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None
             m["ours_family"] = _traced(_decoder(bundle, profs["family"], base, model=True,
                                                 lookup=False, drafter=family), profs["family"])  # fmt: skip
         if a.genai:
-            m["genai_target"] = _genai(Path(a.genai), a.threads, a.max_new_tokens)
+            m["genai_target"] = genai_method(a.threads, a.max_new_tokens, Path(a.genai))
         if a.gguf:
             m["llamacpp_target"] = _llamacpp(Path(a.gguf), a.threads, a.max_new_tokens)
     if "exact" in a.modes:
@@ -138,24 +139,6 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None
             dec = _decoder(bundle, profs["smollm2"], cfg, model=True, lookup=look)
             m[f"ours_{name}_t07"] = _sampled(dec, bundle.target, cfg, a.seed)
     return m
-
-
-def _genai(folder: Path, threads: int, max_new: int) -> Any:
-    sys.path.insert(0, str(HERE))
-    from runtime_speed import GenAI  # type: ignore[import-not-found]
-
-    engine = GenAI(folder, threads)
-
-    def run(ids: list[int]) -> tuple[list[int], float, None]:
-        t0 = time.perf_counter()
-        gen = engine._gen(ids)
-        out: list[int] = []
-        while len(out) < max_new and not gen.is_done():
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
-        return out, time.perf_counter() - t0, None
-
-    return run
 
 
 def _llamacpp(gguf: Path, threads: int, max_new: int) -> Any:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.cost import CostProfile
 
 TASKS = ("math", "code", "chat", "summarisation", "code_edit")

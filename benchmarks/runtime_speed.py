@@ -53,7 +53,7 @@ def hf_folder(preset: str) -> Path:
     """config.json + model.safetensors (the GGUF dequantised once) + tokenizer files."""
     from transformers import AutoTokenizer
 
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
     from omnidraft_deploy.reference.hf_adapter import gguf_to_hf_folder
 
     out = WORK / "hf" / preset
@@ -92,12 +92,16 @@ def build_genai(preset: str, precision: str, *, force: bool = False) -> dict[str
 def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str, Any]:
     """Our fused graph of ``preset`` (``target.onnx`` + ``.ort``), every stage timed."""
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import convert_to_ort, export_onnx, ort_format_blocker
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.onnx.graph import (
+        convert_to_ort,
+        export_onnx,
+        ort_format_blocker,
+    )
     from omnidraft_deploy.exporters.verify import verify_artifact
 
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.resolve.load import load_model
 
     out = WORK / "ours" / f"{preset}-{precision}"
     if (out / "stages.json").is_file() and not force:
@@ -126,11 +130,11 @@ def export_ours(preset: str, precision: str, *, force: bool = False) -> dict[str
 
 
 def export_pte(preset: str) -> None:
-    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte as write_pte
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte as write_pte
 
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.resolve.load import load_model
 
     path = WORK / "ours" / f"{preset}-fp32" / "target.pte"
     if not path.is_file():
@@ -144,7 +148,7 @@ def export_pte(preset: str) -> None:
 def graph_info_of(path: Path) -> Any:
     """The graph's ``GraphInfo``: from the export's ``graph_info.json`` (reading the ONNX
     metadata would load the whole inline-weight protobuf, 1.1 GB, into the worker's peak RSS)."""
-    from omnidraft_deploy.manifest import GraphInfo
+    from omnidraft_deploy.bundle.manifest import GraphInfo
 
     sidecar = path.parent / "graph_info.json"
     if sidecar.is_file():
@@ -359,7 +363,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def write_report(result: dict[str, Any], out: Path) -> None:
-    from omnidraft_deploy.manifest import write_text_atomic
+    from omnidraft_deploy.bundle.atomic import write_text_atomic
 
     write_text_atomic(out.with_suffix(".json"), json.dumps(result, indent=2))
     lines = [

@@ -1,14 +1,14 @@
-"""Bundle writer: drafter + target graphs, tokenizers, vocabulary map, n-gram cache, manifest.
+"""Bundle writer: drafter + target graphs, the caller's files (tokenizers, vocabulary map, n-gram
+cache, ``expected.json``), manifest. ``omnidraft-export`` is ``exporters.export.export_pair``,
+which builds those files and calls this.
 
-``export_pair(cfg)`` is ``omnidraft-export``: it builds what the bundle carries beside the graphs
-(``PairFiles``: both tokenizers' files, the vocabulary map, the seeded n-gram cache) and calls
-``export_bundle``. ``export_bundle(cfg, ...)`` loads both models with ``reference.load`` (the one
+``export_bundle(cfg, ...)`` loads each model once with ``reference.load`` (the one
 loader: random twins from ``cfg.seed``, trained, GGUF or HF weights, or the ``*_model`` paths), writes each graph
 with the backend's recipe from the ``EXPORTERS`` registry, verifies every written graph (reload +
 compare with eager PyTorch: ``exporters.verify``, or the caller's ``verify``; the figures go into
 ``GraphInfo.parity``), copies tokenizer files and the caller's extra files (``vocab_map.bin``,
-``ngram_cache.bin``), hashes every file into ``manifest.json`` and renames the folder into place
-last (``manifest.atomic_bundle_dir``): an interrupted or failed export leaves no folder that looks
+``ngram_cache.bin``), hashes every file into ``manifest.json``, lets the caller's ``opener``
+open the staged bundle and renames the folder into place last (``manifest.atomic_bundle_dir``): an interrupted or failed export leaves no folder that looks
 complete, and an existing bundle at ``out_dir`` stays untouched until the new one is whole.
 
 Manifest ``extras``: ``seed``, ``target_model``/``drafter_model``, and per role ``stages``
@@ -20,40 +20,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.memory import stage
-from omnidraft_deploy.exporters.quantize import get_recipe
 from tqdm import tqdm
 
-from omnidraft_deploy.manifest import (
-    HTP_CONTEXT,
-    GraphInfo,
-    Manifest,
-    atomic_bundle_dir,
-    file_entry,
-    write_bytes_atomic,
-    write_text_atomic,
-)
-from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import ModelSpec, get_preset
-from omnidraft_deploy.protocols import TokenizerLike
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic
+from omnidraft_deploy.bundle.files import file_entry
+from omnidraft_deploy.bundle.folder import atomic_bundle_dir
+from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, GraphInfo, Manifest
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.reference.model import Transformer
-from omnidraft_deploy.vocab.mapper import VocabMapper
+from omnidraft_deploy.resolve.load import load_model
 
-if TYPE_CHECKING:
-    from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
-
-    Tokenizer = SentencePieceTokenizer | BPETokenizer
 log = logging.getLogger(__name__)
 # verify(written graph path, its GraphInfo, eager fp32 model) -> parity dict (raises on failure)
 Verify = Callable[[Path, GraphInfo, Transformer], dict[str, float]]
-ROLES = ("drafter", "target")
+# derived files (staging folder, role -> GraphInfo, eager target) -> {rel: (bytes, manifest role)}
+Derived = Callable[[Path, dict[str, GraphInfo], Transformer], dict[str, tuple[bytes, str]]]
+ROLES = ("drafter", "target")  # export order: the target last
 
 
 @dataclass(frozen=True)
@@ -63,7 +55,7 @@ class ExportConfig:
     target: str  # target preset name (`omnidraft presets`), e.g. tiny-llama3-8b, qwen2.5-0.5b
     drafter: str = "tiny-llama-68m"  # drafter preset name
     backend: str = "xnnpack"  # xnnpack (.pte) | onnx (.onnx + .ort) | qnn (static-T QDQ .onnx)
-    quantization: str = "fp32"  # per backend, see exporters.quantize.RECIPES / recipe_names()
+    quantization: str = "fp32"  # per backend, see backends.RECIPES / recipe_names()
     drafter_quantization: str | None = None  # the drafter's recipe when not ``quantization``
     out_dir: Path = Path("bundles/default")  # final bundle folder (replaced atomically)
     max_seq_len: int = 512  # KV-cache slots of both graphs (prompt + generated tokens)
@@ -111,7 +103,8 @@ def _default_verify(
 def _export_role(
     cfg: ExportConfig, role: str, tmp: Path, *, verify: Verify | None, eos_ids: tuple[int, ...],
     bundle_hash: str, extras: dict[str, Any],
-) -> GraphInfo:  # fmt: skip
+) -> tuple[GraphInfo, Transformer]:  # fmt: skip
+    """Load ``role``'s eager model (once), export and verify its graph: (its info, the model)."""
     spec = cfg.specs[role]
     weights = cfg.target_model if role == "target" else cfg.drafter_model
     stages: dict[str, Any] = {}
@@ -137,7 +130,7 @@ def _export_role(
         info = dataclasses.replace(info, parity=checked)
     extras[role] = {"stages": stages, cfg.backend: facts, "bytes": (tmp / info.file).stat().st_size,
                     "speed": speed}  # fmt: skip
-    return info
+    return info, model
 
 
 def file_roles(tmp: Path, graphs: dict[str, GraphInfo]) -> dict[str, str]:
@@ -156,24 +149,26 @@ def export_bundle(
     cfg: ExportConfig,
     *,
     extra_files: dict[str, tuple[bytes, str]] | None = None,
-    derived_files: Callable[[Path, dict[str, GraphInfo]], dict[str, tuple[bytes, str]]]
-    | None = None,
+    derived_files: Derived | None = None,
     tokenizer_dirs: dict[str, Path] | None = None,
     mapping_hash: str = "",
     eos_ids: dict[str, tuple[int, ...]] | None = None,
     verify: Verify | None = None,
     prompts: dict[str, Sequence[Sequence[int]]] | None = None,
+    opener: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Write the bundle folder ``cfg.out_dir`` and return it (see the module docstring).
 
     extra_files: relative path -> (bytes, manifest role), e.g. ``vocab_map.bin``, ``ngram_cache.bin``.
-    derived_files: the same, computed from the written graphs (staging folder, role -> GraphInfo),
-    e.g. ``expected.json`` from the function the target graph computes.
+    derived_files: the same, computed from the written graphs (staging folder, role -> GraphInfo,
+    the eager target the export loaded), e.g. ``expected.json`` from what the target graph computes.
     tokenizer_dirs: role ("drafter"/"target") -> folder whose files go to ``<role>_tokenizer/``.
     mapping_hash: the vocabulary map's content hash (manifest; ``.pte`` ``get_bundle_hash``).
     eos_ids: role -> EOS ids (``.pte`` ``get_eos_ids``). verify: replaces the built-in check
     (``exporters.verify.verify_artifact``) when given; no check at all when ``cfg.verify`` is off.
     prompts: role -> verification prompt ids (default: shipped prompts, real tokenizer).
+    opener: called with the staged folder once it is complete; raising refuses the bundle (the
+    folder at ``cfg.out_dir`` stays as it was).
     """
     if not cfg.verify:
         verify = None
@@ -186,93 +181,65 @@ def export_bundle(
     }  # fmt: skip
     with atomic_bundle_dir(cfg.out_dir) as tmp:
         graphs: dict[str, GraphInfo] = {}
+        model: Transformer | None = None
         for role in tqdm(ROLES, desc=f"export {cfg.backend}/{cfg.quantization}", unit="graph"):
-            graphs[role] = _export_role(
+            # the target comes last (ROLES) and stays loaded for ``derived_files``; the drafter's
+            # model is freed before the target loads
+            model = None
+            graphs[role], model = _export_role(
                 cfg, role, tmp, verify=verify,
                 eos_ids=(eos_ids or {}).get(role, ()), bundle_hash=mapping_hash, extras=extras,
             )  # fmt: skip
-        roles = file_roles(tmp, graphs)
-        for role, folder in (tokenizer_dirs or {}).items():
-            for src in sorted(Path(folder).iterdir()):
-                if src.is_file():
-                    write_bytes_atomic(tmp / f"{role}_tokenizer" / src.name, src.read_bytes())
-                    roles[f"{role}_tokenizer/{src.name}"] = f"{role}_tokenizer"
-        derived = derived_files(tmp, graphs) if derived_files is not None else {}
-        for rel, (data, role_name) in ((extra_files or {}) | derived).items():
-            write_bytes_atomic(tmp / rel, data)
-            roles[rel] = role_name
+        assert model is not None
+        derived = derived_files(tmp, graphs, model) if derived_files is not None else {}
+        model = None
+        roles = file_roles(tmp, graphs) | _write_files(
+            tmp, (extra_files or {}) | derived, tokenizer_dirs or {}
+        )
         files = {rel: file_entry(tmp, rel, role) for rel, role in sorted(roles.items())}
         manifest = Manifest(
             backend=cfg.backend, draft_len=cfg.draft_len, mapping_hash=mapping_hash,
             graphs=graphs, files=files, extras=extras,
         )  # fmt: skip
         write_text_atomic(tmp / "manifest.json", manifest.to_json())
+        if opener is not None:
+            _open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
     log.info("bundle written to %s", cfg.out_dir)
     return Path(cfg.out_dir)
 
 
-@dataclass(frozen=True)
-class PairFiles:
-    """What a bundle carries beside its two graphs, built from the pair's tokenizers."""
-
-    drafter_tok: Tokenizer
-    target_tok: Tokenizer
-    mapper: VocabMapper
-    ngram_cache: NGramCache  # seeded from the shipped prompt set (``initial_ngram_cache``)
-
-    @classmethod
-    def build(cls, drafter: ModelSpec, target: ModelSpec) -> PairFiles:
-        from omnidraft_deploy.vocab.build import build_mapper
-        from omnidraft_deploy.vocab.tokenizers import load_tokenizer
-
-        d_tok, t_tok = load_tokenizer(drafter.tokenizer), load_tokenizer(target.tokenizer)
-        mapper = build_mapper(d_tok, t_tok)
-        return cls(d_tok, t_tok, mapper, initial_ngram_cache(mapper, t_tok))
-
-    def files(self) -> dict[str, tuple[bytes, str]]:
-        """Relative path -> (bytes, manifest role): ``export_bundle``'s ``extra_files``."""
-        from omnidraft_deploy.ngram.format import to_bytes as ngram_bytes
-        from omnidraft_deploy.vocab import io as vocab_io
-
-        m = self.mapper
-        files = {
-            "vocab_map.bin": (vocab_io.to_bytes(m), "vocab_map"),
-            "ngram_cache.bin": (
-                ngram_bytes(self.ngram_cache, draft_vocab_size=m.draft_vocab_size,
-                            target_vocab_size=m.target_vocab_size),
-                "ngram_cache",
-            ),
-        }  # fmt: skip
-        for role, tok in (("drafter", self.drafter_tok), ("target", self.target_tok)):
-            for name, data in tok.files().items():
-                files[f"{role}_tokenizer/{name}"] = (data, f"{role}_tokenizer")
-        return files
+def _open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
+    """``opener`` on a view of the staged bundle: its listed files hard-linked (copied where the
+    file system has no links) into ``<staged>/.opened/<name>``, removed before publishing. The
+    runtime refuses to open a folder named as a staging folder, by design; the view also holds
+    nothing the manifest does not list."""
+    view = tmp / ".opened" / name
+    try:
+        for rel in listed:
+            (view / rel).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(tmp / rel, view / rel)
+            except OSError:
+                shutil.copyfile(tmp / rel, view / rel)
+        opener(view)
+    finally:
+        shutil.rmtree(tmp / ".opened", ignore_errors=True)
 
 
-def initial_ngram_cache(mapper: VocabMapper, target_tok: TokenizerLike) -> NGramCache:
-    """Seed the shipped cache with the prompt set's multi-drafter-token target tokens."""
-    from omnidraft_deploy.prompts import load_prompts
-
-    cache = NGramCache()
-    for p in load_prompts():
-        for t in target_tok.encode(p.text):
-            spelling = mapper.target_to_draft(t)
-            if len(spelling) >= 2:
-                cache.update(spelling, t)
-    return cache
-
-
-def export_pair(cfg: ExportConfig, *, verify: Verify | None = None) -> Path:
-    """``omnidraft-export``: tokenizers + mapper + n-gram cache + both graphs, verified, as one
-    bundle at ``cfg.out_dir`` (``verify`` as in ``export_bundle``)."""
-    pair = PairFiles.build(cfg.specs["drafter"], cfg.specs["target"])
-    return export_bundle(
-        cfg,
-        extra_files=pair.files(),
-        mapping_hash=pair.mapper.content_hash(),
-        eos_ids={"drafter": pair.drafter_tok.eos_ids, "target": pair.target_tok.eos_ids},
-        verify=verify,
-    )
+def _write_files(
+    tmp: Path, files: dict[str, tuple[bytes, str]], tokenizer_dirs: dict[str, Path]
+) -> dict[str, str]:
+    """Write the caller's files and tokenizer folders into ``tmp``: relative path -> role."""
+    roles = {}
+    for role, folder in tokenizer_dirs.items():
+        for src in sorted(Path(folder).iterdir()):
+            if src.is_file():
+                write_bytes_atomic(tmp / f"{role}_tokenizer" / src.name, src.read_bytes())
+                roles[f"{role}_tokenizer/{src.name}"] = f"{role}_tokenizer"
+    for rel, (data, role_name) in files.items():
+        write_bytes_atomic(tmp / rel, data)
+        roles[rel] = role_name
+    return roles
 
 
 def _runtime_versions() -> dict[str, str]:

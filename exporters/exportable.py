@@ -14,7 +14,7 @@ Two I/O conventions (the contract with ``runtime/`` and the Android demo):
 T is dynamic in ``[1, max_seq_len]`` (``dynamic_shapes_*``) unless a static ``seq_len`` is asked
 for (NPU graphs: ``seq_len = draft_len + 1``). ``max_seq_len`` is fixed when the model is built
 (``build_model(spec, max_seq_len=...)`` / ``hf_adapter.load_model(path, max_seq_len=...)``).
-I/O names: ``omnidraft_deploy.graph_contract`` (re-exported here). Stable API (used by ``exporters.onnx``, ``exporters.qnn``, tests): the two wrappers,
+I/O names: ``omnidraft_deploy.bundle.graph_contract`` (re-exported here). Stable API (used by ``exporters.onnx``, ``exporters.qnn``, tests): the two wrappers,
 ``example_inputs``, ``empty_caches``, ``input_names``, ``output_names``, ``dynamic_shapes_*``,
 ``graph_info``.
 """
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from omnidraft_deploy.graph_contract import input_names as input_names  # re-exported
-from omnidraft_deploy.graph_contract import output_names as output_names
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import ModelSpec
+from omnidraft_deploy.bundle.graph_contract import input_names as input_names  # re-exported
+from omnidraft_deploy.bundle.graph_contract import output_names as output_names
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 

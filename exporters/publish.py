@@ -19,17 +19,14 @@ from pathlib import Path
 
 from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.bundle import file_roles
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import verify_artifact
 
-from omnidraft_deploy.manifest import (
-    Manifest,
-    atomic_bundle_dir,
-    file_entry,
-    verify_bundle,
-    write_text_atomic,
-)
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.bundle.files import file_entry
+from omnidraft_deploy.bundle.folder import atomic_bundle_dir, verify_bundle
+from omnidraft_deploy.bundle.manifest import Manifest
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.vocab import io as vocab_io
 

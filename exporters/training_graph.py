@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.distill.align import BATCH_FIELDS
 from omnidraft_deploy.distill.losses import hybrid_loss_rows
-from omnidraft_deploy.manifest import write_bytes_atomic
 from omnidraft_deploy.reference.model import Transformer
 
 FORMAT_VERSION = 1

@@ -1,9 +1,9 @@
 """Verification after export: reload the written artifact, decode real prompts, compare with eager.
 
 The artifact is reloaded the way a device would (ONNX Runtime for ``.onnx`` / ``.ort`` through
-``omnidraft_deploy.graph_contract``, the host code the desktop runtime uses too: cache binding,
+``omnidraft_deploy.bundle.graph_contract``, the host code the desktop runtime uses too: cache binding,
 static-T chunking; ``executorch.runtime`` for ``.pte``), independently of ``runtime/`` (exporters never
-import it), and compared with the eager fp32 model by ``omnidraft_deploy.parity`` (prefill,
+import it), and compared with the eager fp32 model by ``omnidraft_deploy.checks.parity`` (prefill,
 single steps, a KV rollback). A result outside the recipe's tolerance raises
 ``ExportVerificationError``; the returned dict goes into ``GraphInfo.parity``.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omnidraft_deploy.exporters.quantize import QuantRecipe
 from torch import Tensor
 
-from omnidraft_deploy import graph_contract as gc
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.parity import StepFn, eager_step, parity, step_speed
+from omnidraft_deploy.bundle import graph_contract as gc
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import QuantRecipe
+from omnidraft_deploy.checks.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class ExportVerificationError(RuntimeError):
 
 
 def artifact_step(path: Path, info: GraphInfo) -> StepFn:
-    """Reload ``path`` the way the device does, through ``omnidraft_deploy.graph_contract``:
+    """Reload ``path`` the way the device does, through ``omnidraft_deploy.bundle.graph_contract``:
     ONNX Runtime (CPU) for ``.onnx`` / ``.ort`` (host-held caches bound by IOBinding, static-T
     chunks), the ExecuTorch runtime for ``.pte``.
     """
@@ -64,7 +64,7 @@ def artifact_step(path: Path, info: GraphInfo) -> StepFn:
 
         return pte_step
     if path.suffix in (".onnx", ".ort"):
-        from omnidraft_deploy.onnx_host import cpu_session
+        from omnidraft_deploy.host.onnx_host import cpu_session
 
         graph = gc.ExplicitCacheGraph(cpu_session(path), info)
 
@@ -102,8 +102,8 @@ def prompt_ids(tokenizer: str, vocab_size: int, *, n: int = 3, limit: int = 24) 
     Falls back (with a warning) to fixed pseudo-random ids when the tokenizer's pinned asset is
     not cached or the ids do not fit ``vocab_size`` (custom test models).
     """
-    from omnidraft_deploy.assets import AssetError
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.assets import AssetError
+    from omnidraft_deploy.catalog.prompts import load_prompts
 
     try:
         from omnidraft_deploy.vocab.tokenizers import load_tokenizer

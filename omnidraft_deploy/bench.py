@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from omnidraft_deploy.manifest import write_text_atomic
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
 from omnidraft_deploy.speculative.decoder import (

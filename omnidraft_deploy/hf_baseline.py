@@ -63,7 +63,7 @@ def load_hf_model(name: str) -> Any:
 
     Raises ``assets.AssetError`` naming the fetch command when the GGUF asset is not cached.
     """
-    from omnidraft_deploy.assets import asset_path
+    from omnidraft_deploy.catalog.assets import asset_path
     from omnidraft_deploy.reference.hf_adapter import gguf_to_hf_folder
 
     asset, _ = _lookup(name)

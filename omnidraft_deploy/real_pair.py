@@ -42,8 +42,12 @@ log = logging.getLogger(__name__)
 
 TARGET_PRESET, DRAFTER_PRESET = "qwen2.5-0.5b", "smollm2-135m"
 # name -> the method whose output and time it is compared with ("own baseline")
-OWN_BASELINE = {"ours": "ours_target", "hf": "hf_target", "genai": "genai_target",
-                "llamacpp": "llamacpp_target"}
+OWN_BASELINE = {
+    "ours": "ours_target",
+    "hf": "hf_target",
+    "genai": "genai_target",
+    "llamacpp": "llamacpp_target",
+}
 
 RunFn = Callable[[list[int]], tuple[list[int], float, DecodeStats | None]]
 
@@ -80,9 +84,9 @@ class RealPair:
 
 def load_real_pair(*, max_seq_len: int = 512, with_hf: bool = True) -> RealPair:
     """Load the real pair from the cached GGUF assets (raises ``AssetError`` if not cached)."""
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.torch_lm import EagerLM
+    from omnidraft_deploy.resolve.load import load_model
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     target = load_model(get_preset(TARGET_PRESET), max_seq_len=max_seq_len)

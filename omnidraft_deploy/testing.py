@@ -12,8 +12,8 @@ import random
 
 import torch
 
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.protocols import TokenizerLike
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM

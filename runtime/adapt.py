@@ -1,7 +1,7 @@
 """``omnidraft adapt BUNDLE``, the runtime half: adapt a bundle's drafter to the user's prompts.
 
 The bundle's target graph verifies (ONNX Runtime / ExecuTorch / QNN, as ``run`` uses it); the
-drafter drafts in eager PyTorch (``reference.load``, from the bundle's drafter preset) because its
+drafter drafts in eager PyTorch (``resolve.load``, from the bundle's drafter preset) because its
 weights change after every prompt; the loop is ``distill.adapt.adapt_stream``. The n-gram cache
 the stream grows is the bundle's session cache (``run`` starts from it next time). Swapping the
 adapted weights into the bundle's drafter graph is the exporters' job (``omnidraft adapt`` passes
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from omnidraft_deploy.runtime.bundle import open_bundle
 
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
 

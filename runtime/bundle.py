@@ -3,7 +3,7 @@
 Order: manifest (schema, format, every section's ``validate()``), no symlink anywhere in the folder,
 every listed file's size and sha256, each graph's own metadata against the manifest (ONNX
 ``metadata_props`` / ``.pte`` constant methods; ONNX external data must be a listed file), then the
-vocabulary map and n-gram cache, each read once through ``bundle_fs.read_listed`` (listed in the
+vocabulary map and n-gram cache, each read once through ``bundle.files.read_listed`` (listed in the
 manifest with its role, size and sha256 checked on the very bytes parsed, size-capped) and checked
 against the graphs. Each failure is a ``BundleError`` naming the file and the problem. The session
 cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state, not part of the
@@ -20,19 +20,19 @@ from pathlib import Path
 
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy.bundle_fs import open_plain, read_listed, read_plain
-from omnidraft_deploy.manifest import (
+from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
+from omnidraft_deploy.bundle.folder import verify_bundle
+from omnidraft_deploy.bundle.manifest import (
     HTP_CONTEXT,
     MANIFEST_NAME,
     BundleError,
     GraphInfo,
     Manifest,
-    verify_bundle,
 )
+from omnidraft_deploy.host.onnx_host import context_path
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
-from omnidraft_deploy.onnx_host import context_path
 from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -146,10 +146,14 @@ def htp_context(root: Path, manifest: Manifest, file: str) -> Path | None:
 
 
 def load_graph_file(
-    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu", threads: int | None = None
-) -> RuntimeModel:
+    root: Path, manifest: Manifest, role: str, *, provider: str = "cpu",
+    background_pages: bool = False, threads: int | None = None,
+) -> RuntimeModel:  # fmt: skip
     """A runtime model for ``role``'s graph (.pte -> ExecuTorch; .onnx -> ONNX Runtime CPU or
-    QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models)."""
+    QNN, with the graph's T = 1 decode twin and, on QNN, their precompiled EPContext models).
+    ONNX Runtime CPU sessions get their weights on huge pages: before this returns, or with
+    ``background_pages`` in a background thread (``host.pages_later``: off the first token's
+    path)."""
     info = manifest.graphs[role]
     path = root / info.file
     if path.suffix == ".pte":
@@ -170,6 +174,12 @@ def load_graph_file(
             raise BundleError(path, f"the QNN HTP refuses this graph ({e})") from None
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
+    if background_pages:
+        from omnidraft_deploy.host.pages_later import collapse_later
+
+        return collapse_later(
+            lambda: OrtModel(path, info, decode=decode, huge_pages=False, threads=threads)
+        )
     return OrtModel(path, info, decode=decode, threads=threads)
 
 
@@ -190,13 +200,15 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
         raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
-    # drafter ids index the map directly: sizes equal; the target graph may pad its vocabulary
-    if mapper.draft_vocab_size != d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
+    # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
+    # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
+    # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
+    if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
         raise BundleError(
             root / VOCAB_MAP,
             f"vocabulary sizes (drafter {mapper.draft_vocab_size}, target "
-            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size} "
-            f"must be equal, target {t_info.vocab_size} at least) in {MANIFEST_NAME} "
+            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size}, "
+            f"target {t_info.vocab_size}: each at least its map's) in {MANIFEST_NAME} "
             "graphs.drafter/target.vocab_size",
         )
     data = read_listed(
@@ -233,10 +245,13 @@ def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> 
         return shipped
 
 
-def check_bundle(bundle_dir: str | Path) -> tuple[Manifest, VocabMapper, NGramCache]:
-    """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet."""
+def check_bundle(
+    bundle_dir: str | Path, *, state: Path | None = None, trust_record: bool = True
+) -> tuple[Manifest, VocabMapper, NGramCache]:
+    """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet;
+    ``state`` / ``trust_record``: ``bundle.folder.verify_bundle``'s hash record."""
     root = Path(bundle_dir)
-    manifest = verify_bundle(root)
+    manifest = verify_bundle(root, state=state, trust_record=trust_record)
     mapper, cache = load_tables(root, manifest)
     for role in ("drafter", "target"):  # every graph's metadata before any session is created
         check_graph(root, manifest, role)
@@ -244,15 +259,25 @@ def check_bundle(bundle_dir: str | Path) -> tuple[Manifest, VocabMapper, NGramCa
 
 
 def open_bundle(
-    bundle_dir: str | Path, *, provider: str | None = None, threads: int | None = None
+    bundle_dir: str | Path,
+    *,
+    provider: str | None = None,
+    state: Path | None = None,
+    trust_record: bool = True,
+    threads: int | None = None,
 ) -> OpenBundle:
-    """Verify, then load a bundle; ``provider`` None -> ``default_provider``; ``threads``: ONNX
-    Runtime intra-op threads of CPU sessions (None: the runtime's default)."""
+    """Verify, then load a bundle; ``provider`` None -> ``default_provider``. A command opens its
+    bundle once and passes the ``OpenBundle`` on (``runtime.run``); with the bundle's session
+    folder ``state``, files hashed by an earlier open and unchanged since are not hashed again
+    (``bundle.hash_record``; ``trust_record=False`` hashes them all). ``threads``: ONNX Runtime
+    intra-op threads of CPU sessions (None: the runtime's default)."""
     root = Path(bundle_dir)
-    manifest, mapper, cache = check_bundle(root)
+    manifest, mapper, cache = check_bundle(root, state=state, trust_record=trust_record)
     provider = provider or default_provider(manifest)
     drafter, target = (
-        load_graph_file(root, manifest, r, provider=provider, threads=threads)
+        load_graph_file(
+            root, manifest, r, provider=provider, background_pages=True, threads=threads
+        )  # fmt: skip
         for r in ("drafter", "target")
     )
     return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)

@@ -1,6 +1,6 @@
 """ExecuTorch runtime wrapper for ``.pte`` programs (XNNPACK); the KV cache is program state.
 
-How a program is stepped is ``omnidraft_deploy.graph_contract``'s (``pte_step``). Metadata comes
+How a program is stepped is ``omnidraft_deploy.bundle.graph_contract``'s (``pte_step``). Metadata comes
 from the program's constant methods (get_max_seq_len, get_vocab_size, ...), which
 ``check_metadata`` compares with the manifest before anything runs.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy import graph_contract as gc
-from omnidraft_deploy.manifest import BundleError, GraphInfo
+from omnidraft_deploy.bundle import graph_contract as gc
+from omnidraft_deploy.bundle.manifest import BundleError, GraphInfo
 from omnidraft_deploy.optional import pte_program
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version

@@ -2,7 +2,7 @@
 
 The graph contract, host-held caches (bound once by IOBinding; fused graphs write them in place
 and their logits straight into the array this class returns) and static-T chunking are
-``omnidraft_deploy.graph_contract``'s; this class adapts them to the ``RuntimeModel`` interface
+``omnidraft_deploy.bundle.graph_contract``'s; this class adapts them to the ``RuntimeModel`` interface
 (``forward(token_ids, start_pos)``).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
@@ -13,7 +13,7 @@ a target call right after a drafter call took 156 ms with ORT's default spinning
 without, and the drafter call 25 ms against 14 ms (``benchmarks/real_pair_bundle.py``, issue
 26); None: ORT's threading defaults), and
 ``huge_pages`` (default on): the session's weights are moved onto transparent huge pages
-(``omnidraft_deploy.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
+(``omnidraft_deploy.host.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 from omnidraft_deploy.runtime.base import RuntimeModel
 
-from omnidraft_deploy.graph_contract import ExplicitCacheGraph
-from omnidraft_deploy.hugepages import on_huge_pages
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.onnx_host import cpu_session
+from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.host.hugepages import on_huge_pages
+from omnidraft_deploy.host.onnx_host import cpu_session
 
 
 class OrtModel(RuntimeModel):

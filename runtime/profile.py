@@ -6,7 +6,7 @@ user gets cost-aware drafting without knowing that verb: the first run on a mach
 bundle and the machine; later runs load it, and a different bundle, CPU, core count, ONNX Runtime
 version or provider re-measures.
 
-The per-call latencies come from ``omnidraft_deploy.profile.measure``. The host overhead of a step
+The per-call latencies come from ``omnidraft_deploy.host.profile.measure``. The host overhead of a step
 (``CostProfile.overhead_ms``) is measured where it is paid: a short real decode of the bundle's
 own graphs, mapper and tokenizer (``measure_host_overhead``), wall time minus the time inside the
 target and drafter calls, so the figure the cost model charges is the one the loop pays.
@@ -27,7 +27,7 @@ from typing import Any
 
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
-from omnidraft_deploy.profile import Progress, load_profile, measure, save_profile
+from omnidraft_deploy.host.profile import Progress, load_profile, measure, save_profile
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
@@ -116,8 +116,9 @@ def ensure_profile(bundle: OpenBundle, state: Path, *,
 def profile_bundle(bundle_dir: Path, state: Path, *, k_max: int = 8, reps: int = 7,
                    threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
     """Measure a bundle's target + drafter graphs as ``run`` opens them and save the profile to
-    ``state``; ``threads``: ONNX Runtime intra-op threads (None: the runtime's default)."""
-    bundle = open_bundle(bundle_dir, threads=threads)
+    ``state``; the bundle is verified once (every file hashed, the record in ``state``
+    refreshed); ``threads``: ONNX Runtime intra-op threads (None: the runtime's default)."""
+    bundle = open_bundle(bundle_dir, state=state, trust_record=False, threads=threads)
     ext = {Path(g.file).suffix for g in bundle.manifest.graphs.values()}
     if ext != {".onnx"}:
         raise ValueError(f"{bundle_dir}: profile runs ONNX graphs (onnx backend) only")

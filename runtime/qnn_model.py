@@ -1,7 +1,7 @@
 """ONNX Runtime on the Qualcomm QNN HTP backend (simulated on x86 by onnxruntime-qnn).
 
 QNN graphs are static-T explicit-cache ONNX graphs: the model wrapper is ``OrtModel`` with an
-HTP-only session (CPU fallback disabled). The session helper lives in ``omnidraft_deploy.onnx_host``,
+HTP-only session (CPU fallback disabled). The session helper lives in ``omnidraft_deploy.host.onnx_host``,
 where the exporter's HTP validation uses it too.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.host.onnx_host import QnnUnsupportedError, htp_session
 
 __all__ = ["QnnUnsupportedError", "htp_session", "qnn_model"]
 log = logging.getLogger(__name__)

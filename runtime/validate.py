@@ -1,4 +1,4 @@
-"""Parity of exported graphs with eager PyTorch, and whole-bundle validation / runs.
+"""Parity of exported graphs with eager PyTorch, and whole-bundle validation.
 
 ``graph_parity``: logits of a runtime model vs the eager model over prefill, single-token steps
 and a rollback (re-feeding from an earlier position). ``validate_bundle``: greedy target-only
@@ -8,47 +8,28 @@ the bundle, on the shipped prompt set; token-for-token equality per prompt, as a
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from omnidraft_deploy.runtime.bundle import (
-    SESSION_CACHE,
     OpenBundle,
-    load_session_cache,
     open_bundle,
 )
-from omnidraft_deploy.runtime.profile import ensure_profile
+from omnidraft_deploy.runtime.run import bundle_decoder
 
-from omnidraft_deploy.bundle_fs import read_listed
-from omnidraft_deploy.expected import EXPECTED_FILE, EXPECTED_ROLE
-from omnidraft_deploy.expected import from_bytes as expected_from_bytes
-from omnidraft_deploy.manifest import MANIFEST_NAME, BundleError, write_bytes_atomic
-from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
-from omnidraft_deploy.parity import eager_step, parity, step_speed
-from omnidraft_deploy.presets import Source, get_preset
-from omnidraft_deploy.profile import load_profile
-from omnidraft_deploy.prompts import load_prompts
+from omnidraft_deploy.bundle.files import read_listed
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError
+from omnidraft_deploy.checks.expected import EXPECTED_FILE, EXPECTED_ROLE
+from omnidraft_deploy.checks.expected import from_bytes as expected_from_bytes
+from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.reference.load import load_model
 from omnidraft_deploy.reference.model import Transformer
-from omnidraft_deploy.reference.torch_lm import EagerLM
-from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import (
-    DecodeConfig,
-    Observer,
-    SpeculativeDecoder,
     generate_target_only,
 )
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
-from omnidraft_deploy.speculative.lookup import LookupProposer
-from omnidraft_deploy.speculative.stats import DecodeStats
-from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
-__all__ = ["SESSION_CACHE"]  # re-exported: tests and the CLI import it from here
 MAX_EXPECTED_BYTES = 16 << 20
 
 
@@ -57,103 +38,47 @@ def graph_parity(
 ) -> dict[str, float]:
     """Max |logit diff| and top-1 agreement of a runtime model vs eager PyTorch.
 
-    The same calls as export-time verification (``omnidraft_deploy.parity``): prefill, ``steps``
+    The same calls as export-time verification (``omnidraft_deploy.checks.parity``): prefill, ``steps``
     single tokens, a rollback re-feed from an earlier slot and one more step.
     """
     return parity(model.forward, eager_step(eager), prompts, decode_steps=steps)
 
 
-def _eager_target(bundle: OpenBundle) -> EagerLM:
-    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
-    return EagerLM(
-        load_model(
-            get_preset(info.preset),
-            seed=extras["seed"] if type(extras.get("seed")) is int else 0,  # tiny twins only
-            max_seq_len=info.max_seq_len,
-            weights=None,  # extras are informational: never a path or hub id to load
-        )
-    )
-
-
-def _decoder(
-    bundle: OpenBundle,
-    max_new_tokens: int,
-    config: DecodeConfig | None = None,
-    profile: CostProfile | None = None,
-) -> SpeculativeDecoder:
-    """Speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length;
-    greedy unless ``config`` (mode, temperature, ...) is given. With a measured cost ``profile``
-    (``omnidraft profile``): cost-aware drafting plus lookup drafts, chosen per step."""
-    cfg = dataclasses.replace(
-        config or DecodeConfig(max_new_tokens=max_new_tokens),
-        vocab_limit=bundle.mapper.target_vocab_size,
-        eos_ids=bundle.mapper.target_eos,
-        host_threads=1,  # the graphs run in the runtime's own thread pools (DecodeConfig)
-    )
-    if profile is not None:
-        return SpeculativeDecoder(
-            bundle.target, bundle.drafter, bundle.mapper,
-            CostAwareDraftLen(profile, 2 * bundle.manifest.draft_len), bundle.ngram_cache,
-            config=cfg, lookup=LookupProposer(), profile=profile,
-        )  # fmt: skip
-    return SpeculativeDecoder(
-        bundle.target,
-        bundle.drafter,
-        bundle.mapper,
-        HeuristicDraftLen(bundle.manifest.draft_len),
-        bundle.ngram_cache,
-        config=cfg,
-    )
-
-
 def _reference(
-    bundle: OpenBundle, prompts: list[tuple[str, list[int]]] | None, max_new_tokens: int
+    bundle: OpenBundle, max_new_tokens: int
 ) -> tuple[str, list[tuple[str, list[int], list[int]]], int]:
-    """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare).
-
-    ``expected.json`` (the eager target's output recorded at export) when the bundle has it;
-    otherwise the eager target rebuilt from its preset alone (random twin + seed, pinned GGUF,
-    pretrained: the graphs are not involved). Without ``expected.json``, a bundle of the user's
-    own weights is refused: no path in the manifest is ever loaded.
-    """
+    """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare): the eager
+    target's output recorded at export (``expected.json``; every export writes it). A bundle
+    without one is refused: no path in the manifest is ever loaded."""
     files = bundle.manifest.files
-    if EXPECTED_FILE in files:
-        raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
-                          max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
-        doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
-        n = min(max_new_tokens, int(doc["max_new_tokens"]))
-        rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
-        return "expected.json (eager fp32 target, recorded at export)", rows, n
-    # bundles written by export_bundle / export_pair directly (tests, benchmarks)
-    info, extras = bundle.manifest.graphs["target"], bundle.manifest.extras
-    if extras.get("target_model") is not None or get_preset(info.preset).source is Source.HF:
-        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against, "
-                          "and the target's weights are not the preset's own: export it again")  # fmt: skip
-    if prompts is None:
-        tok = load_bundle_tokenizer(bundle.root, "target", files)
-        prompts = [(p.task, tok.encode(p.text)) for p in load_prompts()]
-    eager = _eager_target(bundle)
-    cfg = _decoder(bundle, max_new_tokens).cfg
-    rows = [(task, ids, generate_target_only(eager, ids, cfg)[0]) for task, ids in prompts]
-    return f"eager {info.preset} rebuilt from its preset", rows, max_new_tokens
+    if EXPECTED_FILE not in files:
+        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against: "
+                          "export the bundle again")  # fmt: skip
+    raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
+                      max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
+    doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
+    n = min(max_new_tokens, int(doc["max_new_tokens"]))
+    rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
+    return "expected.json (eager fp32 target, recorded at export)", rows, n
 
 
 def validate_bundle(
     bundle_dir: str | Path,
-    prompts: list[tuple[str, list[int]]] | None = None,
     *,
     max_new_tokens: int = 24,
     provider: str | None = None,
     progress: Callable[[Any], Any] | None = None,
+    state: Path | None = None,
 ) -> dict[str, Any]:
     """Greedy, per prompt: runtime target-only == the independent reference (``_reference``),
-    and runtime speculative == runtime target-only. Reads the bundle only; writes nothing.
+    and runtime speculative == runtime target-only. Reads the bundle only; every file is hashed
+    (with the session folder ``state``, their identities are recorded for later opens).
 
-    ``prompts`` matter only for bundles without ``expected.json``; ``progress`` wraps the loop.
+    ``progress`` wraps the loop.
     """
-    bundle = open_bundle(bundle_dir, provider=provider)
-    source, reference, n = _reference(bundle, prompts, max_new_tokens)
-    dec = _decoder(bundle, n)
+    bundle = open_bundle(bundle_dir, provider=provider, state=state, trust_record=False)
+    source, reference, n = _reference(bundle, max_new_tokens)
+    dec = bundle_decoder(bundle, n)
     rows = []
     for task, ids, ref in progress(reference) if progress else reference:
         t0 = time.perf_counter()
@@ -188,61 +113,3 @@ def validate_bundle(
             max_seq_len=bundle.target.max_seq_len,
         ),
     }
-
-
-def run_bundle(
-    bundle_dir: str | Path,
-    prompt_ids: list[int],
-    *,
-    max_new_tokens: int = 48,
-    provider: str | None = None,
-    observer: Observer | None = None,
-    state: Path | None = None,
-    config: DecodeConfig | None = None,
-    generator: torch.Generator | None = None,
-) -> tuple[list[int], DecodeStats]:
-    """Speculative generation from a bundle (greedy unless ``config`` says otherwise; its
-    ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
-    (``omnidraft_deploy.state``) the n-gram cache grown by earlier sessions is loaded from it and
-    the grown one saved back atomically. ``observer`` sees every verification step
-    (``streaming.TextStreamer`` prints text as it comes).
-    """
-    bundle = open_bundle(bundle_dir, provider=provider)
-    if state is not None:
-        bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
-    dec = _decoder(bundle, max_new_tokens, config, _profile(bundle, state))
-    out, stats = dec.generate(prompt_ids, observer=observer, generator=generator)
-    if state is not None:
-        write_bytes_atomic(
-            state / SESSION_CACHE,
-            ngram_to_bytes(
-                bundle.ngram_cache,
-                draft_vocab_size=bundle.mapper.draft_vocab_size,
-                target_vocab_size=bundle.mapper.target_vocab_size,
-            ),
-        )
-    return out, stats
-
-
-def _profile(bundle: OpenBundle, state: Path | None) -> CostProfile | None:
-    """The cost profile that steers drafting: measured once per bundle and machine and cached in
-    ``state`` for ONNX graphs on the CPU (``runtime.profile.ensure_profile``); for other graphs
-    (ExecuTorch, the simulated HTP: too slow to profile on the way to a first token), whatever
-    ``omnidraft profile`` cached, else None (the +2/-1 heuristic)."""
-    if state is None:
-        return None
-    onnx = all(g.file.endswith(".onnx") for g in bundle.manifest.graphs.values())
-    if onnx and bundle.provider == "cpu":
-        return ensure_profile(bundle, state)
-    return load_profile(state)
-
-
-def target_only(
-    bundle_dir: str | Path, prompt_ids: list[int], config: DecodeConfig, *,
-    provider: str | None = None, generator: torch.Generator | None = None,
-) -> tuple[list[int], DecodeStats]:  # fmt: skip
-    """The bundle's target alone (the baseline ``run --stats`` compares against)."""
-    bundle = open_bundle(bundle_dir, provider=provider)
-    cfg = dataclasses.replace(config, vocab_limit=bundle.mapper.target_vocab_size,
-                              eos_ids=bundle.mapper.target_eos, host_threads=1)  # fmt: skip
-    return generate_target_only(bundle.target, prompt_ids, cfg, generator)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 
 def require_asset_path(name: str) -> Path:
     """Path of a cached asset: fail (default assets) or skip (optional models) if missing."""
-    from omnidraft_deploy.assets import AssetError, asset_path, get_asset
+    from omnidraft_deploy.catalog.assets import AssetError, asset_path, get_asset
 
     try:
         return asset_path(name)
@@ -28,3 +29,41 @@ def require_asset_path(name: str) -> Path:
 def require_asset() -> Callable[[str], Path]:
     """``require_asset("vocab-llama-spm-gguf") -> Path``; see ``require_asset_path``."""
     return require_asset_path
+
+
+@pytest.fixture(scope="session")
+def cli_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny ONNX bundle exported through ``omnidraft-export`` (no parity run: graph parity
+    has its own tests), shared by the CLI, hash-record and layering tests; copy it to change it."""
+    pytest.importorskip("onnxruntime")
+    from omnidraft_deploy.cli.main import export_main
+
+    out = tmp_path_factory.mktemp("cli") / "tiny-onnx"
+    args = ["--backend", "onnx", "--out", str(out), "--max-seq-len", "48", "--draft-len", "3"]
+    assert export_main([*args, "--no-verify"]) == 0
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _exports_open_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: every bundle a test writes through the one export path
+    (``exporters.export.export_pair``) is opened with the runtime's opener (``open_bundle``:
+    every check, then both graphs' sessions) before it is published, so no test passes on a
+    bundle that the runtime would refuse. The CLI passes ``check_bundle`` the same way."""
+    from omnidraft_deploy.exporters import export
+
+    real = export.export_bundle
+
+    def export_bundle(cfg: Any, **kw: Any) -> Path:
+        given = kw.pop("opener", None)
+
+        def opener(staged: Path) -> None:
+            from omnidraft_deploy.runtime.bundle import open_bundle
+
+            if given is not None:
+                given(staged)
+            open_bundle(staged)
+
+        return real(cfg, opener=opener, **kw)
+
+    monkeypatch.setattr(export, "export_bundle", export_bundle)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from omnidraft_deploy.atomic import write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.optional import require
 
 MAX_BYTES = 4 << 30

@@ -19,7 +19,7 @@ Recipe (``presets.EarlyExitRecipe``; the preset's ``source`` is ``early_exit``):
    through all 8 blocks took ~75 s). The trained tensors are cached
    (``<cache>/distill/<name>-<key>.safetensors``, key = recipe + both presets + corpus hash).
 
-``load_early_exit`` is what ``reference.load.load_model`` calls for ``early_exit`` presets.
+``load_early_exit`` is what ``resolve.load.load_model`` calls for ``early_exit`` presets.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from omnidraft_deploy.catalog.presets import EarlyExitRecipe, ModelSpec, Source
 from omnidraft_deploy.distill.align import (
     DistillExample,
     MapperLike,
@@ -46,10 +48,10 @@ from omnidraft_deploy.distill.align import (
 )
 from omnidraft_deploy.distill.data import DataConfig, build_corpus, corpus_hash, split
 from omnidraft_deploy.distill.losses import hybrid_loss_rows
-from omnidraft_deploy.presets import EarlyExitRecipe, ModelSpec, Source
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
+LoadTarget = Callable[[int], Transformer]  # max_seq_len -> the eager target (``resolve.load``)
 DATA = DataConfig()  # the corpus every early-exit drafter is distilled on
 
 
@@ -232,18 +234,19 @@ def _save_atomic(tensors: dict[str, Tensor], path: Path, meta: dict[str, str]) -
 
 
 def mapper_for(drafter: ModelSpec, target: ModelSpec) -> MapperLike:
-    from omnidraft_deploy.vocab.build import build_mapper
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+    from omnidraft_deploy.vocab.pair import load_pair_vocab
 
-    return build_mapper(load_tokenizer(drafter.tokenizer), load_tokenizer(target.tokenizer))
+    return load_pair_vocab(target, drafter).mapper
 
 
-def cached_topk(target: ModelSpec, recipe: EarlyExitRecipe, cache_dir: Path) -> TopK:
-    """The target's top-k over the recipe's corpus windows, computed once and cached."""
+def cached_topk(
+    target: ModelSpec, recipe: EarlyExitRecipe, cache_dir: Path, load_target: LoadTarget
+) -> TopK:
+    """The target's top-k over the recipe's corpus windows, computed once and cached;
+    ``load_target(max_seq_len)`` gives the eager target, called only on a cache miss."""
     from safetensors.torch import load_file
 
     from omnidraft_deploy.distill.pretrain import tokenize_corpus
-    from omnidraft_deploy.reference.load import load_model
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     train_docs, _ = split(build_corpus(DATA), DATA.heldout_frac)
@@ -256,7 +259,7 @@ def cached_topk(target: ModelSpec, recipe: EarlyExitRecipe, cache_dir: Path) -> 
     streams = tokenize_corpus(load_tokenizer(target.tokenizer), train_docs)
     windows = cut_windows(streams, recipe.windows_per_task, recipe.window)
     t0 = time.perf_counter()
-    topk = target_topk(load_model(target, max_seq_len=recipe.window), windows, recipe.topk)
+    topk = target_topk(load_target(recipe.window), windows, recipe.topk)
     path.with_suffix(".json").parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(
         {"tasks": list(topk.tasks), "seconds": time.perf_counter() - t0}))  # fmt: skip
@@ -265,19 +268,9 @@ def cached_topk(target: ModelSpec, recipe: EarlyExitRecipe, cache_dir: Path) -> 
     return topk
 
 
-def truncated(spec: ModelSpec, *, max_seq_len: int | None = None) -> Transformer:
-    """The early-exit drafter before any distillation: the parent's first ``n_layers``."""
-    from omnidraft_deploy.presets import get_preset
-    from omnidraft_deploy.reference.load import load_model
-    from omnidraft_deploy.reference.truncate import truncate_layers
-
-    parent = load_model(get_preset(recipe_of(spec).parent), max_seq_len=max_seq_len)
-    return truncate_layers(parent, spec.n_layers, max_seq_len=max_seq_len or spec.max_seq_len)
-
-
 def distilled_path(spec: ModelSpec, cache: Path) -> Path:
     """Cache file of the distilled tensors (a ``.json`` beside it records the training run)."""
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.presets import get_preset
 
     recipe = recipe_of(spec)
     parent, target = get_preset(recipe.parent), get_preset(recipe.target)
@@ -288,24 +281,27 @@ def distilled_path(spec: ModelSpec, cache: Path) -> Path:
 
 def load_early_exit(
     spec: ModelSpec,
+    model: Transformer,
     *,
-    max_seq_len: int | None = None,
+    load_target: LoadTarget,
     cache_dir: Path | None = None,
     train_if_missing: bool = True,
 ) -> Transformer:
-    """The offline-distilled early-exit drafter of ``spec``, distilling and caching it if needed.
+    """The offline-distilled early-exit drafter of ``spec``: ``model`` (the parent's first layers,
+    ``resolve.load.truncated``) with its distilled weights, distilling and caching them if
+    needed (the target comes from ``load_target(max_seq_len)``, only then).
 
-    Callers go through ``reference.load.load_model``, the one loader.
+    Callers go through ``resolve.load.load_model``, the one loader: it passes the models in, so
+    this module never imports the loader (the arrow runs from the loader down to distill).
     """
     from safetensors.torch import load_file
 
-    from omnidraft_deploy.assets import cache_root
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.assets import cache_root
+    from omnidraft_deploy.catalog.presets import get_preset
 
     recipe, cache = recipe_of(spec), Path(cache_dir or cache_root())
     target = get_preset(recipe.target)
     path = distilled_path(spec, cache)
-    model = truncated(spec, max_seq_len=max_seq_len)
     if path.is_file():
         model.load_state_dict(load_file(str(path)), strict=False)
         return model
@@ -315,7 +311,7 @@ def load_early_exit(
         )
     t0 = time.perf_counter()
     mapper = mapper_for(spec, target)
-    topk = cached_topk(target, recipe, cache)
+    topk = cached_topk(target, recipe, cache, load_target)
     examples = examples_from_topk(mapper, topk, seq_len=2 * recipe.window,
                                   limit_vocab=mapper.target_vocab_size)  # fmt: skip
     losses = distill(model, examples, recipe)

@@ -4,7 +4,7 @@ The ``trained-*`` presets (``source`` ``pretrain`` in the one registry, ``preset
 holds their schedules): a drafter (Llama-2 SentencePiece, 32000 ids, 4.5M params, 2 layers x 128)
 and targets (Llama-3, 128256 ids; Qwen2, 152064 rows; 26-31M params, 4 layers x 192) learn the
 same offline corpus (``distill.data``), so drafter/target acceptance is meaningful (random targets
-give ~0). Load them with ``reference.load.load_model``, the one loader.
+give ~0). Load them with ``resolve.load.load_model``, the one loader.
 
 Compact-vocabulary training: the corpus uses a few thousand ids of each vocabulary, so the model is
 trained on the compact vocabulary of ids seen in the corpus (plus BOS/EOS) and expanded to the full
@@ -41,8 +41,15 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from omnidraft_deploy.catalog.presets import (
+    Family,
+    ModelSpec,
+    PretrainSchedule,
+    Role,
+    SeqKD,
+    Source,
+)
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, corpus_hash, split
-from omnidraft_deploy.presets import Family, ModelSpec, PretrainSchedule, Role, SeqKD, Source
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, build_model
 
 if TYPE_CHECKING:
@@ -201,7 +208,7 @@ def _cache_file(cfg: PretrainConfig, train_docs: dict[str, list[str]], cache_dir
 
 
 def _teacher_config(cfg: PretrainConfig) -> PretrainConfig:
-    from omnidraft_deploy.presets import get_preset  # noqa: PLC0415
+    from omnidraft_deploy.catalog.presets import get_preset  # noqa: PLC0415
 
     assert cfg.kd is not None
     teacher = pretrain_config(get_preset(cfg.kd.teacher))
@@ -230,9 +237,9 @@ def load_pretrained(
 ) -> Transformer:
     """The full-vocabulary model of a ``pretrain``-source preset, training and caching it if needed.
 
-    Callers go through ``reference.load.load_model``, the one loader.
+    Callers go through ``resolve.load.load_model``, the one loader.
     """
-    from omnidraft_deploy.assets import cache_root  # noqa: PLC0415
+    from omnidraft_deploy.catalog.assets import cache_root  # noqa: PLC0415
 
     cfg = pretrain_config(spec)
     train_docs, _ = split(build_corpus(cfg.data), cfg.data.heldout_frac)

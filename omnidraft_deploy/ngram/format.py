@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.ngram.cache import DEFAULT_MAX_ENTRIES, FILE_OVERHEAD_NBYTES, NGramCache
 from omnidraft_deploy.ngram.eviction import Key
 

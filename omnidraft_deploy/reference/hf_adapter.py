@@ -37,8 +37,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from omnidraft_deploy import assets, optional
-from omnidraft_deploy.presets import Family, get_preset
+from omnidraft_deploy import optional
+from omnidraft_deploy.bundle.files import sha256_file
+from omnidraft_deploy.catalog import assets
+from omnidraft_deploy.catalog.presets import Family, get_preset
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 from omnidraft_deploy.reference.rope import (
     llama3_from_freq_factors,
@@ -164,7 +166,7 @@ def gguf_to_hf_folder(gguf: str | Path) -> tuple[Path, bool]:
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf}: GGUF file not found")
     sha = next((a.sha256 for a in assets.ASSETS.values() if _is_asset_file(a.name, gguf)), None)
-    sha = sha or assets.sha256_file(gguf)
+    sha = sha or sha256_file(gguf)
     folder = assets.derived_path("hf-gguf", sha, "model.safetensors").parent
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
         return folder, False

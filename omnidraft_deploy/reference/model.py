@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from omnidraft_deploy.presets import Family, ModelSpec
+from omnidraft_deploy.catalog.presets import Family, ModelSpec
 from omnidraft_deploy.reference.rope import RopeScaling
 from omnidraft_deploy.reference.rope import rope_tables as rope_tables  # re-exported
 

@@ -45,7 +45,7 @@ SINK_KEY = "omnidraft.sink_token"  # ONNX metadata: the sink token id of a sinke
 def sink_token(tokenizer: str) -> int:
     """The tokenizer's BOS id, else its first EOS id (a token real text begins documents with);
     0 for a test tokenizer that is not a real one (logged)."""
-    from omnidraft_deploy.assets import AssetError
+    from omnidraft_deploy.catalog.assets import AssetError
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     try:
@@ -136,7 +136,7 @@ def choose_sink(model: Transformer, tokenizer: str, prompts: Sequence[Sequence[i
 
 def _single_tokens(tokenizer: str, texts: Sequence[str], vocab: int) -> list[tuple[str, int]]:
     """``(text, id)`` for each of ``texts`` the tokenizer encodes as one in-vocabulary token."""
-    from omnidraft_deploy.assets import AssetError
+    from omnidraft_deploy.catalog.assets import AssetError
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     try:

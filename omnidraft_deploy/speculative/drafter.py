@@ -112,6 +112,9 @@ class CrossVocabDrafter:
     def _forward(self, ids: list[int], start: int) -> Tensor:
         t0 = time.perf_counter()
         logits = self.lm.forward(torch.tensor(ids, dtype=torch.long), start)[-1]
+        # (V_graph,) -> (V_d,): a graph padded past its tokenizer (every Qwen: 151936 rows, 151665
+        # ids) never drafts a padded row, as ``DecodeConfig.vocab_limit`` masks the target's
+        logits = logits[: self.mapper.draft_vocab_size]
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return logits

@@ -90,7 +90,7 @@ def cache_key(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> str:
 
 def build_mapper(drafter_tok: TokenizerLike, target_tok: TokenizerLike) -> VocabMapper:
     """Build (or load from the cache) the mapper of a tokenizer pair (see the module docstring)."""
-    from omnidraft_deploy.assets import cache_root
+    from omnidraft_deploy.catalog.assets import cache_root
     from omnidraft_deploy.vocab import io
 
     key = cache_key(drafter_tok, target_tok)

@@ -5,7 +5,7 @@
 ``legacy=false`` whitespace handling), ``special_tokens.json`` (``{"name", "bos_id",
 "eos_ids"}``) and, when the model has one, ``chat_template.jinja`` (its own chat template, as
 ONNX Runtime GenAI ships it). Every file is listed in the manifest with role
-``<role>_tokenizer`` and read through ``bundle_fs.read_listed`` (size and sha256 checked), so a
+``<role>_tokenizer`` and read through ``bundle.files.read_listed`` (size and sha256 checked), so a
 bundle copied to another machine decodes exactly as it did where it was exported, with no
 tokenizer registry or asset cache involved.
 """
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from omnidraft_deploy.protocols import TokenizerLike
 
 if TYPE_CHECKING:
-    from omnidraft_deploy.manifest import FileEntry
+    from omnidraft_deploy.bundle.manifest import FileEntry
 
 SPECIAL, TEMPLATE = "special_tokens.json", "chat_template.jinja"
 JSON, SPM, SPM_RAW = "tokenizer.json", "tokenizer.model", "tokenizer-no-dummy-prefix.model"
@@ -39,8 +39,8 @@ def tokenizer_files(tok: Any) -> dict[str, bytes]:
 
 def load_bundle_tokenizer(root: Path, role: str, files: dict[str, FileEntry]) -> TokenizerLike:
     """The ``role`` tokenizer of the bundle at ``root`` (``files``: the manifest's listing)."""
-    from omnidraft_deploy.bundle_fs import read_listed
-    from omnidraft_deploy.manifest import BundleError
+    from omnidraft_deploy.bundle.files import read_listed
+    from omnidraft_deploy.bundle.manifest import BundleError
     from omnidraft_deploy.vocab import gguf_vocab as gv
     from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
 

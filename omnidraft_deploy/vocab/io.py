@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omnidraft_deploy.manifest import write_bytes_atomic
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.roles import Role
 

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy import assets
+from omnidraft_deploy.catalog import assets
 from omnidraft_deploy.vocab import gguf_vocab as gv
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy import assets
-from omnidraft_deploy.assets import Asset, AssetError, Source
+from omnidraft_deploy.catalog import assets
+from omnidraft_deploy.catalog.assets import Asset, AssetError, Source
 
 PAYLOAD = b"golden tokenizer bytes\n" * 100
 
@@ -52,7 +52,7 @@ def test_registry_is_loud_and_pins_everything() -> None:
         assert len(a.sha256) == 64 and a.size > 0
         assert all("==" in s.requirement and len(s.sha256) == 64 for s in a.sources)
     models = {n for n, a in assets.ASSETS.items() if a.optional}
-    assert models == {"smollm2-135m-gguf", "qwen2.5-0.5b-gguf"}
+    assert models == {"smollm2-135m-gguf", "qwen2.5-0.5b-gguf", "qwen2.5-1.5b-gguf"}
     assert len(assets.ASSETS["qwen2.5-0.5b-gguf"].sources) == 6
 
 

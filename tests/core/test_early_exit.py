@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from omnidraft_deploy.catalog.presets import EarlyExitRecipe, Source, get_preset
 from omnidraft_deploy.distill.align import build_example, stack_examples
 from omnidraft_deploy.distill.offline import (
     TopK,
@@ -17,7 +18,6 @@ from omnidraft_deploy.distill.offline import (
     lr_at,
     recipe_of,
 )
-from omnidraft_deploy.presets import EarlyExitRecipe, Source, get_preset
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.truncate import truncate_layers, truncated_param_count
 from omnidraft_deploy.testing import toy_pair, toy_spec

@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from omnidraft_deploy.presets import Family  # noqa: E402
+from omnidraft_deploy.catalog.presets import Family  # noqa: E402
 from omnidraft_deploy.reference import hf_adapter  # noqa: E402
 from omnidraft_deploy.reference.model import Transformer  # noqa: E402
 
@@ -117,7 +117,7 @@ def _greedy(model: Transformer, ids: list[int], n: int) -> list[int]:
 def test_real_gguf_parity_and_greedy_text(
     preset: str, tok_name: str, require_asset: Callable[[str], Path]
 ) -> None:
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     require_asset(get_preset(preset).gguf_asset or "")

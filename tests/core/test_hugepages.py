@@ -1,11 +1,11 @@
-"""``omnidraft_deploy.hugepages``: which mappings it picks, alignment, and that it never changes
+"""``omnidraft_deploy.host.hugepages``: which mappings it picks, alignment, and that it never changes
 what the wrapped factory returns (no speed assertions: speed is measured in benchmarks)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from omnidraft_deploy import hugepages as hp
+from omnidraft_deploy.host import hugepages as hp
 
 MAPS = """\
 55d0a0000000-55d0a0400000 r--p 00000000 08:01 123   /usr/bin/python3

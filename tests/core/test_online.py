@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
-from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
@@ -157,8 +157,8 @@ def test_decoder_feeds_buffer_and_background_update_runs() -> None:
 
 
 def test_expand_vocab_keeps_used_logits_and_argmax() -> None:
+    from omnidraft_deploy.catalog.presets import Family, Role
     from omnidraft_deploy.distill.pretrain import PretrainConfig, expand_vocab
-    from omnidraft_deploy.presets import Family, Role
 
     cfg = PretrainConfig(
         "t", Role.TARGET, Family.LLAMA, "llama2", 40, dim=32, n_layers=1, intermediate_size=64

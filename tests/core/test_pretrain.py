@@ -10,15 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidraft_deploy.distill import pretrain
-from omnidraft_deploy.distill.seqkd import (
-    MARKERS,
-    corpus_prompts,
-    greedy_batch,
-    kd_stream,
-    teacher_texts,
-)
-from omnidraft_deploy.presets import (
+from omnidraft_deploy.catalog.presets import (
     PRESETS,
     Family,
     ModelSpec,
@@ -27,6 +19,14 @@ from omnidraft_deploy.presets import (
     SeqKD,
     Source,
     get_preset,
+)
+from omnidraft_deploy.distill import pretrain
+from omnidraft_deploy.distill.seqkd import (
+    MARKERS,
+    corpus_prompts,
+    greedy_batch,
+    kd_stream,
+    teacher_texts,
 )
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.testing import toy_spec

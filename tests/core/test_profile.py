@@ -1,4 +1,4 @@
-"""``omnidraft_deploy.profile``: the measurement's shape and the session-folder round trip (no
+"""``omnidraft_deploy.host.profile``: the measurement's shape and the session-folder round trip (no
 speed asserted: only that every figure is a positive latency and lands where the decoder reads)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidraft_deploy.profile import load_profile, measure, physical_cores, save_profile
+from omnidraft_deploy.host.profile import load_profile, measure, physical_cores, save_profile
 from omnidraft_deploy.speculative.cost import PROFILE_FILE
 
 

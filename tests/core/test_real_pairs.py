@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omnidraft_deploy.catalog.presets import get_preset
+from omnidraft_deploy.catalog.prompts import load_prompts
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.pipeline import build_pair
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.prompts import load_prompts
+from omnidraft_deploy.resolve.pair import build_pair
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     SpeculativeDecoder,

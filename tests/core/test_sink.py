@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.sink import SinkModel, format_sink, parse_sink
 

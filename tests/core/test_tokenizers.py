@@ -100,7 +100,7 @@ def test_vicuna_matches_transformers_legacy_false(
     load: Callable[[str], Tok], tmp_path: Path
 ) -> None:
     transformers = pytest.importorskip("transformers")
-    from omnidraft_deploy import assets
+    from omnidraft_deploy.catalog import assets
 
     vicuna = load("vicuna")
     sha = assets.get_asset("vocab-llama-spm-gguf").sha256
@@ -161,7 +161,7 @@ def test_smollm2_splits_digits(load: Callable[[str], Tok]) -> None:
 def test_tokenizer_json_matches_llama_cpp_vocab(
     load: Callable[[str], Tok], name: str, asset: str
 ) -> None:
-    from omnidraft_deploy.assets import asset_path
+    from omnidraft_deploy.catalog.assets import asset_path
     from omnidraft_deploy.vocab.gguf_vocab import read_gguf_vocab
 
     tok, vocab = load(name), read_gguf_vocab(asset_path(asset))
@@ -190,7 +190,7 @@ def test_qwen2_matches_the_qwen25_model_and_the_rest_is_padding(
 def test_gguf_builders_reject_the_wrong_kind(load: Callable[[str], Tok]) -> None:
     import dataclasses
 
-    from omnidraft_deploy.assets import asset_path
+    from omnidraft_deploy.catalog.assets import asset_path
     from omnidraft_deploy.vocab import gguf_vocab as gv
 
     vocab = gv.read_gguf_vocab(asset_path("vocab-llama-spm-gguf"))

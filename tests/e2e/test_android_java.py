@@ -20,15 +20,11 @@ from typing import Any
 
 import pytest
 
-from omnidraft_deploy import assets
-from omnidraft_deploy.golden import TRACES, VECTOR_TOKENIZERS, VECTORS
-from omnidraft_deploy.manifest import (
-    MANIFEST_NAME,
-    GraphInfo,
-    Manifest,
-    file_entry,
-    write_text_atomic,
-)
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.bundle.files import file_entry
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, GraphInfo, Manifest
+from omnidraft_deploy.catalog import assets
+from omnidraft_deploy.golden.write import TRACES, VECTOR_TOKENIZERS, VECTORS
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import save
 from omnidraft_deploy.vocab import io as vocab_io
@@ -41,7 +37,7 @@ V_D, V_T = 32000, 151936  # Llama-2 drafter, Qwen2 target
 HAVE_JAVA = (
     shutil.which("javac") is not None and shutil.which("java") is not None and JUNIT.is_file()
 )
-REGENERATE = "regenerate with `.venv/bin/python -m omnidraft_deploy.golden`"
+REGENERATE = "regenerate with `.venv/bin/python -m omnidraft_deploy.golden.write`"
 
 
 @pytest.fixture(scope="module")

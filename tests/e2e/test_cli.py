@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.cli import export_main, main
+from omnidraft_deploy.cli.main import export_main, main
 
 pytest.importorskip("onnxruntime")
 BIN = Path(sys.executable).parent
@@ -33,12 +33,8 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "tiny-onnx"
-    args = ["--backend", "onnx", "--out", str(out), "--max-seq-len", "48", "--draft-len", "3"]
-    args += ["--no-verify"]  # graph parity has its own tests; here: the CLI around it
-    assert export_main(args) == 0
-    return out
+def bundle(cli_bundle: Path) -> Path:
+    return cli_bundle  # tests/conftest.py: exported once per session, copied before any change
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +65,9 @@ def test_copied_bundle_validates_and_stays_byte_identical(
     assert _tree(copy) == before
     state = tmp_path / "state" / "bundles"
     (folder,) = state.iterdir()
-    assert {p.name for p in folder.iterdir()} == {"validation.json", "ngram_cache.session.bin"}
+    assert {p.name for p in folder.iterdir()} == {
+        "validation.json", "ngram_cache.session.bin", "verified_files.json"
+    }  # fmt: skip
 
 
 def test_run_text_on_stdout_stats_on_stderr(
@@ -88,7 +86,8 @@ def test_validate_refuses_a_bundle_whose_reference_disagrees(
     bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The reference is recorded, not recomputed: a different target fails validation."""
-    from omnidraft_deploy.manifest import file_entry, read_manifest
+    from omnidraft_deploy.bundle.files import file_entry
+    from omnidraft_deploy.bundle.folder import read_manifest
 
     copy = tmp_path / "b"
     shutil.copytree(bundle, copy)
@@ -190,24 +189,26 @@ def test_expected_json_is_what_the_target_graph_computes(tmp_path: Path) -> None
     metadata names a sink token is recorded from the target after that sink (``reference.sink``),
     any other from the target itself."""
     import onnx
-    from omnidraft_deploy.exporters.bundle import ExportConfig
-    from omnidraft_deploy.exporters.checked_export import record_target
+    from omnidraft_deploy.exporters.export import record_target
 
-    from omnidraft_deploy.expected import from_bytes
-    from omnidraft_deploy.inputs import resolve_export
-    from omnidraft_deploy.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, get_preset
+    from omnidraft_deploy.checks.expected import from_bytes
     from omnidraft_deploy.reference.sink import SINK_KEY
+    from omnidraft_deploy.resolve.export_inputs import resolve_export
+    from omnidraft_deploy.resolve.load import load_model
 
     out = tmp_path / "b"
     inputs = resolve_export(target=DEFAULT_TARGET, drafter=DEFAULT_DRAFTER, model=None,
                             drafter_model=None, out_dir=out, force=False, quantization="fp32")  # fmt: skip
-    cfg = ExportConfig(target=DEFAULT_TARGET, backend="onnx", out_dir=out, max_seq_len=48)
+    model = load_model(get_preset(DEFAULT_TARGET), max_seq_len=48)
     graphs = {}
     for name, meta in (("plain", {}), ("sinked", {SINK_KEY: "1"})):
         proto = onnx.helper.make_model(onnx.helper.make_graph([], name, [], []))
         for k, v in meta.items():
             proto.metadata_props.add(key=k, value=v)
         onnx.save(proto, str(tmp_path / f"{name}.onnx"))
-        graphs[name] = from_bytes(record_target(cfg, inputs, tmp_path / f"{name}.onnx"), name)
+        graphs[name] = from_bytes(
+            record_target(model, inputs.target.tokenizer, tmp_path / f"{name}.onnx"), name
+        )
     outputs = {k: [r["output_ids"] for r in doc["prompts"]] for k, doc in graphs.items()}
     assert outputs["plain"] != outputs["sinked"]  # the sink changes the tiny target's greedy text

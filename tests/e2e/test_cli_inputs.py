@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.inputs import InputError, check_out_dir, resolve_export, resolve_role
+from omnidraft_deploy.resolve.export_inputs import (
+    InputError,
+    check_out_dir,
+    resolve_export,
+    resolve_role,
+)
 
 
 def tiny_hf_folder(
@@ -26,7 +31,7 @@ def tiny_hf_folder(
     """A Hugging Face folder: config.json + random safetensors of ``preset`` (+ tokenizer.json)."""
     from safetensors.torch import save_file
 
-    from omnidraft_deploy.presets import get_preset
+    from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.reference.model import build_model
 
     spec = get_preset(preset)

@@ -1,4 +1,4 @@
-"""The one parser module (``cli_parser``): every verb wired to a handler, flag budgets held."""
+"""The one parser module (``cli.parser``): every verb wired to a handler, flag budgets held."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from omnidraft_deploy.cli import HANDLERS, _cmd_export
-from omnidraft_deploy.cli_parser import build_export_parser, build_parser
+from omnidraft_deploy.cli.main import HANDLERS, _cmd_export
+from omnidraft_deploy.cli.parser import build_export_parser, build_parser
 
 
 def _verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

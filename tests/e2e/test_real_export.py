@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer
 
 PRESET = "smollm2-135m"
@@ -22,7 +22,7 @@ PRESET = "smollm2-135m"
 @pytest.fixture(scope="module")
 def smollm2(require_asset: Callable[[str], Path]) -> Transformer:
     require_asset("smollm2-135m-gguf")
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.resolve.load import load_model
 
     return load_model(get_preset(PRESET), max_seq_len=128)
 
@@ -41,8 +41,9 @@ def test_smollm2_exports_and_reloads_within_tolerance(
     smollm2: Transformer, tmp_path: Path, backend: str, quant: str, suffix: str
 ) -> None:
     from omnidraft_deploy.exporters import get_exporter
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.exporters.verify import prompt_ids, verify_artifact
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     pytest.importorskip(
         {"onnx": "onnxruntime", "qnn": "onnxruntime_qnn"}.get(backend, "executorch")

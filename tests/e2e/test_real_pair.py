@@ -107,8 +107,8 @@ def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair)
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["heuristic", "predictor"])
 def test_greedy_speculative_equals_target_only(real_pair: rp.RealPair, policy: str) -> None:
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.prompts import load_prompts
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     cfg = rp.decode_config(real_pair, 16)

@@ -4,8 +4,8 @@ teacher-forced top-1 >= 0.95 against the (sinked) eager model on the shipped pro
 ``export_qnn`` compiles the QDQ graph on the HTP (simulated by onnxruntime-qnn on x86) with
 ``session.disable_cpu_ep_fallback``, writes the EPContext model and reports every node outside the
 HTP context binaries (``htp_cpu_nodes``); the lm_head goes in as constant vocabulary chunks
-(``exporters.qnn_lm_head``), the first token's massive activations stay out of the graph (the
-sink, ``reference.sink``), weights are per-channel GPTQ'd Gemms (``exporters.qnn_weights``).
+(``exporters.qnn.lm_head``), the first token's massive activations stay out of the graph (the
+sink, ``reference.sink``), weights are per-channel GPTQ'd Gemms (``exporters.qnn.weights``).
 The residual stream is turned by a seeded orthogonal matrix (``reference.rotate``). Accuracy is
 checked on all 12 shipped prompts (issue 11's bar; 340 rows, where a 3-prompt subset of 85 rows
 moves by 1.2 points per row) on the CPU run of the QDQ graph (both graphs) and on the simulated
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 
 PRESET = "smollm2-135m"
 
@@ -33,12 +33,12 @@ def test_smollm2_qnn_a16w8_compiles_fully_for_the_htp(
     pytest.importorskip("onnxruntime_qnn")
     require_asset("smollm2-135m-gguf")
     from omnidraft_deploy.exporters import get_exporter
-    from omnidraft_deploy.exporters.qnn import htp_step
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.qnn.qdq import htp_step
     from omnidraft_deploy.exporters.verify import prompt_ids, reference_for, verify_artifact
 
-    from omnidraft_deploy.parity import eager_step, parity
-    from omnidraft_deploy.reference.load import load_model
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.checks.parity import eager_step, parity
+    from omnidraft_deploy.resolve.load import load_model
 
     spec, recipe = get_preset(PRESET), get_recipe("qnn", "qdq-a16w8")
     model = load_model(spec, max_seq_len=256)

@@ -12,7 +12,8 @@ from omnidraft_deploy.exporters.bundle import ExportConfig, export_bundle
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.verify import ExportVerificationError
 
-from omnidraft_deploy.manifest import BundleError, read_manifest, verify_bundle
+from omnidraft_deploy.bundle.folder import read_manifest, verify_bundle
+from omnidraft_deploy.bundle.manifest import BundleError
 
 EXTRA = {"vocab_map.bin": (b"\x01map", "vocab_map"), "ngram_cache.bin": (b"\x02ng", "ngram_cache")}
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from omnidraft_deploy.exporters.exportable import graph_info
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import verify_artifact
 
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.reference.truncate import truncate_layers
@@ -45,7 +45,7 @@ def child() -> Transformer:
 def test_truncated_drafter_export_matches_eager(
     child: Transformer, tmp_path: Path, quant: str
 ) -> None:
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     path = tmp_path / "drafter.onnx"
     info = graph_info(child, CHILD, file=path.name, quantization=quant, seq_len=None)

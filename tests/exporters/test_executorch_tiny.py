@@ -6,10 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("executorch")
@@ -19,7 +19,7 @@ PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
 
 
 def _export(tmp: Path, quant: str, fast: bool = True) -> tuple[Transformer, Path, dict]:
-    from omnidraft_deploy.exporters.executorch_xnnpack import export_pte
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
 
     model = build_model(SPEC, seed=2, max_seq_len=32)
     path = tmp / f"{quant}-{fast}.pte"
@@ -55,8 +55,8 @@ def test_fast_lowering_writes_the_same_program(fp32, tmp_path: Path) -> None:
 
 
 def test_constant_methods_carry_the_metadata(fp32) -> None:
-    from omnidraft_deploy.exporters.executorch_xnnpack import CONSTANT_METHODS
     from omnidraft_deploy.exporters.verify import pte_constants
+    from omnidraft_deploy.exporters.xnnpack.lower import CONSTANT_METHODS
 
     _, path, _ = fp32
     consts = pte_constants(path)
@@ -90,7 +90,7 @@ def test_quantized_pte_within_recipe_tolerance(quant: str, tmp_path: Path, fp32)
 
 def test_legalize_in_place_sorts_the_same_graph_without_recompiling(monkeypatch) -> None:
     import torch
-    from omnidraft_deploy.exporters.executorch_xnnpack import _legalize_in_place
+    from omnidraft_deploy.exporters.xnnpack.lower import _legalize_in_place
 
     class Chain(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ from omnidraft_deploy.exporters.exportable import (
     output_names,
 )
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 SPEC = dataclasses.replace(get_preset("tiny-llama3-8b"), vocab_size=300)  # GQA: 4 heads, 2 kv

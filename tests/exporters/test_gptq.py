@@ -1,13 +1,13 @@
-"""GPTQ (``exporters.gptq``): values on the int4 recipe's grid, and a smaller output error than
+"""GPTQ (``exporters.quant.gptq``): values on the int4 recipe's grid, and a smaller output error than
 round-to-nearest on correlated inputs (what it exists for)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from omnidraft_deploy.exporters.gptq import gptq_int4, input_hessians
+from omnidraft_deploy.exporters.quant.gptq import gptq_int4, input_hessians
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 
@@ -21,7 +21,7 @@ def _rtn(w: torch.Tensor, block: int = 32) -> torch.Tensor:
 
 
 def test_the_graph_rounding_is_round_to_nearest_and_exact_on_a_q4_1_grid() -> None:
-    from omnidraft_deploy.exporters.onnx_fused import int4_rtn
+    from omnidraft_deploy.exporters.quant.grids import int4_rtn
 
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(8, 64, generator=gen)

@@ -1,4 +1,4 @@
-"""The int4 recipe's mixed-precision plan (``exporters.int4_plan``): weights already on an int4
+"""The int4 recipe's mixed-precision plan (``exporters.quant.int4_plan``): weights already on an int4
 grid stay int4, the eager simulation computes what the ONNX graph computes, and the plan's bits
 are the graph's."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters import int4_plan
 from omnidraft_deploy.exporters.exportable import graph_info
-from omnidraft_deploy.exporters.onnx_fused import int4_rtn
-from omnidraft_deploy.exporters.quantize import Backend, get_recipe
+from omnidraft_deploy.exporters.quant import int4_plan
+from omnidraft_deploy.exporters.quant.grids import int4_rtn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import Backend, get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)
@@ -70,10 +70,10 @@ def test_relative_errors_rank_a_coarse_matmul_last() -> None:
 
 
 def test_simulation_computes_what_the_onnx_graph_computes(tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
+    from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model
 
-    from omnidraft_deploy.graph_contract import ExplicitCacheGraph, contiguous_positions
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = _model()
     plan = {name: 4 if i % 3 else 8 for i, (name, _) in enumerate(int4_plan.fused_linears(model))}
@@ -98,7 +98,7 @@ def test_xnnpack_numerics_compute_what_the_eager_8da_linears_compute() -> None:
     """The plan's XNNPACK simulation (per-token int8 activations; int4 groups, or int8 per
     channel) against the eager modules the .pte is exported from (torchao's 8da8w,
     ``Int4GroupLinear``)."""
-    from omnidraft_deploy.exporters.quantize import Int4GroupLinear, torchao_8da
+    from omnidraft_deploy.exporters.xnnpack.eager_quant import Int4GroupLinear, torchao_8da
 
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 48)
@@ -119,7 +119,11 @@ def test_xnnpack_numerics_compute_what_the_eager_8da_linears_compute() -> None:
 
 
 def test_module_bits_give_every_part_of_a_fused_matmul_its_bits() -> None:
-    from omnidraft_deploy.exporters.quantize import Int4GroupLinear, linear_scheme, quantize_eager
+    from omnidraft_deploy.exporters.xnnpack.eager_quant import (
+        Int4GroupLinear,
+        linear_scheme,
+        quantize_eager,
+    )
 
     model = _model()
     plan = {

@@ -1,4 +1,4 @@
-"""Batch-invariant fused graphs (``exporters.onnx_invariant``): eager parity, and a row's logits
+"""Batch-invariant fused graphs (``exporters.onnx.invariant``): eager parity, and a row's logits
 bitwise the same whether a call feeds it alone or among T tokens (what makes greedy speculative
 output equal target-only output on an int8 target)."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from omnidraft_deploy.exporters.exportable import graph_info
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import verify_artifact
 
-from omnidraft_deploy.graph_contract import CacheIO, ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.bundle.graph_contract import CacheIO, ExplicitCacheGraph, contiguous_positions
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -26,7 +26,7 @@ PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
 
 
 def _export(tmp: Path, quant: str, invariant: bool) -> tuple[Path, GraphInfo]:
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     model = build_model(SPEC, seed=5, max_seq_len=MAX_SEQ)
     path = tmp / "target.onnx"
@@ -45,7 +45,7 @@ def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Gr
 
 
 def _graph(path: Path, info: GraphInfo) -> ExplicitCacheGraph:
-    from omnidraft_deploy.profile import ort_session
+    from omnidraft_deploy.host.profile import ort_session
 
     return ExplicitCacheGraph(ort_session(path, threads=2), info)
 
@@ -63,7 +63,7 @@ def test_invariant_graph_matches_eager_incl_rollback(graphs, quant: str) -> None
 def test_invariant_graph_outputs_chunk_caches_and_no_gqa(graphs) -> None:
     import onnx
 
-    from omnidraft_deploy.graph_contract import cache_io_of
+    from omnidraft_deploy.bundle.graph_contract import cache_io_of
 
     path, _ = graphs["int8"]
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
@@ -128,10 +128,13 @@ def test_target_exports_invariant_by_default_drafter_and_fp32_do_not(tmp_path: P
 
 
 def test_invariant_needs_whole_span_blocks(tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.onnx import can_be_invariant, export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import can_be_invariant, export_onnx
 
     model = build_model(SPEC, seed=5, max_seq_len=96)
-    assert not can_be_invariant(model.args, "int8") and not can_be_invariant(model.args, "fp32")
+    int8, fp32 = get_recipe("onnx", "int8"), get_recipe("onnx", "fp32")  # read by their fields
+    assert not can_be_invariant(model.args, int8) and not can_be_invariant(model.args, fp32)
+    whole = build_model(SPEC, seed=5, max_seq_len=128).args
+    assert can_be_invariant(whole, int8) and not can_be_invariant(whole, fp32)
     info = graph_info(model, SPEC, file="t.onnx", quantization="int8", seq_len=None)
     with pytest.raises(ValueError, match="multiple of 64"):
         export_onnx(model, tmp_path / "t.onnx", info=info, recipe=get_recipe("onnx", "int8"),
@@ -156,7 +159,7 @@ def test_w8a8_graph_is_matmulinteger_with_per_row_scales(graphs) -> None:
 
 
 def test_w8a8_without_the_fused_graph_is_refused(tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.quantize import quantize_onnx_file
+    from omnidraft_deploy.exporters.onnx.file_quant import quantize_onnx_file
 
     with pytest.raises(ValueError, match="fused exporter only"):
         quantize_onnx_file(tmp_path / "fp32.onnx", tmp_path / "q.onnx", get_recipe("onnx", "w8a8"))

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from omnidraft_deploy.exporters.exportable import graph_info, input_names, output_names
-from omnidraft_deploy.exporters.quantize import get_recipe
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -26,7 +26,7 @@ PROMPTS = [[5, 9, 100, 3, 44, 17], [7, 8]]
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Transformer, Path, GraphInfo]:
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     model = build_model(SPEC, seed=5, max_seq_len=32)
     path = tmp_path_factory.mktemp("onnx") / "target.onnx"
@@ -70,7 +70,7 @@ def test_cache_outputs_are_the_eager_cache_entries(exported) -> None:
 
 
 def test_ort_mobile_format_matches(exported, tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.onnx import convert_to_ort
+    from omnidraft_deploy.exporters.onnx.graph import convert_to_ort
 
     model, path, info = exported
     copy = tmp_path / "target.onnx"
@@ -85,7 +85,7 @@ def test_ort_mobile_format_matches(exported, tmp_path: Path) -> None:
 def test_int8_recipes_are_smaller_and_within_tolerance(
     exported, tmp_path: Path, quant: str
 ) -> None:
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     model, path, info = exported
     q = tmp_path / "q.onnx"
@@ -105,7 +105,7 @@ def test_verification_fails_loudly_for_a_different_model(exported) -> None:
 
 def test_ort_format_is_refused_past_two_gib(tmp_path: Path) -> None:
     """ORT's converter segfaults on >2 GiB graphs; we refuse before calling it (sparse files)."""
-    from omnidraft_deploy.exporters.onnx import convert_to_ort, ort_format_blocker
+    from omnidraft_deploy.exporters.onnx.graph import convert_to_ort, ort_format_blocker
 
     graph = tmp_path / "target.onnx"
     graph.write_bytes(b"\0" * 1024)
@@ -119,8 +119,8 @@ def test_ort_format_is_refused_past_two_gib(tmp_path: Path) -> None:
 
 def test_int4_recipe_keeps_the_lm_head_at_8_bits(exported, tmp_path: Path) -> None:
     import onnx
-    from omnidraft_deploy.exporters.onnx import export_onnx
-    from omnidraft_deploy.exporters.quantize import _lm_head_node
+    from omnidraft_deploy.exporters.onnx.file_quant import _lm_head_node
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     model, path, info = exported
     head = _lm_head_node(onnx.load(str(path)))
@@ -137,12 +137,12 @@ def test_int4_recipe_keeps_the_lm_head_at_8_bits(exported, tmp_path: Path) -> No
     assert 0 < result["max_abs_logit_diff"] < recipe.tolerance
 
 
-# ---- fused contrib-op graphs (exporters.onnx_fused), the onnx backend's default --------------
+# ---- fused contrib-op graphs (exporters.onnx.fused), the onnx backend's default --------------
 
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, GraphInfo]]:
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     model = build_model(SPEC, seed=5, max_seq_len=32)
     out = {}
@@ -157,7 +157,7 @@ def fused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Gra
 def test_fused_graph_uses_contrib_ops_and_shared_caches(fused) -> None:
     import onnx
 
-    from omnidraft_deploy.graph_contract import CacheIO, cache_io_of
+    from omnidraft_deploy.bundle.graph_contract import CacheIO, cache_io_of
 
     path, _ = fused["int8"]
     proto = onnx.load(str(path))
@@ -200,7 +200,7 @@ def test_fused_graph_matches_eager_incl_rollback(fused, quant: str) -> None:
 
 
 def test_fused_graph_ort_format_matches(fused, tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.onnx import convert_to_ort
+    from omnidraft_deploy.exporters.onnx.graph import convert_to_ort
 
     path, info = fused["fp32"]
     copy = tmp_path / "target.onnx"
@@ -212,7 +212,7 @@ def test_fused_graph_ort_format_matches(fused, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_block_quantiser_round_trips_within_half_a_step(bits: int) -> None:
-    from omnidraft_deploy.exporters.onnx_fused import quantize_blocks
+    from omnidraft_deploy.exporters.quant.grids import quantize_blocks
 
     w = torch.randn(6, 70, generator=torch.Generator().manual_seed(0))  # 70: a padded last block
     q, scales, third = quantize_blocks(w, bits, 32)
@@ -230,7 +230,7 @@ def test_block_quantiser_round_trips_within_half_a_step(bits: int) -> None:
 def test_fused_graph_with_tied_embeddings(tmp_path: Path) -> None:
     """Tied lm_head (SmolLM2, Qwen2.5-0.5B): one table in the file, MatMul on its Transpose."""
     import onnx
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     spec = dataclasses.replace(SPEC, tie_embeddings=True)
     model = build_model(spec, seed=7, max_seq_len=32)
@@ -245,10 +245,10 @@ def test_fused_graph_with_tied_embeddings(tmp_path: Path) -> None:
 
 def test_fused_graph_external_weights_match_inline(fused, tmp_path: Path) -> None:
     """Weights streamed to ``<name>.data`` while building (models past 2 GB) give the same graph."""
-    from omnidraft_deploy.exporters.onnx_fused import build_graph, save_model
+    from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model
 
-    from omnidraft_deploy.graph_contract import ExplicitCacheGraph
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = build_model(SPEC, seed=5, max_seq_len=32)
     path, data_path = tmp_path / "target.onnx", tmp_path / "target.onnx.data"
@@ -266,7 +266,7 @@ def test_fused_graph_external_weights_match_inline(fused, tmp_path: Path) -> Non
 def test_fused_graph_carries_llama3_rope_scaling(tmp_path: Path) -> None:
     """Llama-3.x frequency scaling reaches the fused graph's cos/sin caches (parity vs the scaled
     eager model; the unscaled model differs, so the check can fail)."""
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     from omnidraft_deploy.reference.model import ModelArgs
     from omnidraft_deploy.reference.rope import RopeScaling

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 pytest.importorskip("onnxruntime")
@@ -50,8 +50,9 @@ def qdq(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Transformer, Path, GraphInfo, dict]:
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.qnn import export_qnn
-    from omnidraft_deploy.exporters.quantize import get_recipe
+    from omnidraft_deploy.exporters.qnn.qdq import export_qnn
+
+    from omnidraft_deploy.catalog.backends import get_recipe
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="target.onnx", quantization=request.param, seq_len=T)
@@ -99,12 +100,12 @@ def test_export_is_qdq_and_compiles_for_htp(qdq: tuple[Transformer, Path, GraphI
 def test_float_residual_is_the_same_function(tmp_path: Path) -> None:
     """RMSNorm on ``x * 2^-8`` with ``eps * 2^-16`` gives the same logits in fp32."""
     import onnx
-    from omnidraft_deploy.exporters.calibration import reciprocal_to_div, step_feeds
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
-    from omnidraft_deploy.exporters.qnn_mixed import float_residual
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
+    from omnidraft_deploy.exporters.qnn.mixed import float_residual
+    from omnidraft_deploy.exporters.quant.calibration import reciprocal_to_div, step_feeds
 
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="f.onnx", quantization="fp32", seq_len=T)
@@ -125,10 +126,10 @@ def test_float_residual_is_the_same_function(tmp_path: Path) -> None:
 def test_htp_parity_with_eager_within_recipe_tolerance(
     qdq: tuple[Transformer, Path, GraphInfo, dict],
 ) -> None:
-    from omnidraft_deploy.exporters.quantize import get_recipe
     from omnidraft_deploy.runtime.qnn_model import qnn_model
     from omnidraft_deploy.runtime.validate import graph_parity
 
+    from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.reference.sink import sinked
 
     model, path, info, extras = qdq
@@ -165,7 +166,7 @@ def test_decode_twin_takes_the_one_token_calls(tmp_path: Path) -> None:
     """A static-T graph with its T = 1 twin (fp32 here, so both compute the same function): the
     runtime sends one-token calls to the twin and chunks to the graph, on the same caches."""
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     model = build_model(SPEC, seed=5, init_std=0.2)
@@ -187,9 +188,9 @@ def test_decode_twin_takes_the_one_token_calls(tmp_path: Path) -> None:
 
 
 def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.calibration import step_feeds
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
+    from omnidraft_deploy.exporters.quant.calibration import step_feeds
 
     model = build_model(SPEC, seed=5, init_std=0.2)
     info = graph_info(model, SPEC, file="f.onnx", quantization="fp32", seq_len=T)
@@ -202,7 +203,7 @@ def test_calibration_feeds_carry_the_cache(tmp_path: Path) -> None:
 
 
 def test_start_windows_read_mid_text_tokens_as_first_tokens() -> None:
-    from omnidraft_deploy.exporters.calibration import start_windows
+    from omnidraft_deploy.exporters.quant.calibration import start_windows
 
     prompts = [list(range(100, 120)), [1, 2, 3]]  # the second is too short for a window
     windows = start_windows(prompts, 5, stride=8)
@@ -215,7 +216,7 @@ def test_refused_op_is_reported_by_name(tmp_path: Path) -> None:
     from onnx import TensorProto
     from onnx import helper as h
 
-    from omnidraft_deploy.onnx_host import QnnUnsupportedError, htp_session
+    from omnidraft_deploy.host.onnx_host import QnnUnsupportedError, htp_session
 
     x = h.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = h.make_tensor_value_info("y", TensorProto.FLOAT, [4])

@@ -36,7 +36,7 @@ def _head_graph(*, transposed: bool, tied: bool) -> object:
 
 
 def _run(proto: object, tmp: Path, name: str) -> list[np.ndarray]:
-    from omnidraft_deploy.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import cpu_session
 
     onnx.save(proto, tmp / name)
     feeds = {"h": np.linspace(-1, 1, 2 * K, dtype=np.float32).reshape(1, 2, K)}
@@ -48,7 +48,7 @@ def _run(proto: object, tmp: Path, name: str) -> list[np.ndarray]:
 
 @pytest.mark.parametrize(("transposed", "tied"), [(True, True), (True, False), (False, False)])
 def test_split_head_is_identical_and_constant(tmp_path: Path, transposed: bool, tied: bool) -> None:
-    from omnidraft_deploy.exporters.qnn_lm_head import split_lm_head
+    from omnidraft_deploy.exporters.qnn.lm_head import split_lm_head
 
     proto = _head_graph(transposed=transposed, tied=tied)
     before = _run(proto, tmp_path, "a.onnx")
@@ -64,7 +64,7 @@ def test_split_head_is_identical_and_constant(tmp_path: Path, transposed: bool, 
 
 
 def test_split_head_refuses_graphs_without_a_logits_matmul() -> None:
-    from omnidraft_deploy.exporters.qnn_lm_head import split_lm_head
+    from omnidraft_deploy.exporters.qnn.lm_head import split_lm_head
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])

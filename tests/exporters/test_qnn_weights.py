@@ -15,8 +15,8 @@ pytest.importorskip("onnxruntime")
 def test_pinned_grids_hold_the_gptq_codes_the_quantiser_would_move(tmp_path: Path) -> None:
     import onnx
     import onnxruntime as ort
-    from omnidraft_deploy.exporters.gptq import gptq_per_channel
-    from omnidraft_deploy.exporters.qnn_weights import _key, matmuls_to_gemm, pin_grids
+    from omnidraft_deploy.exporters.qnn.weights import _key, matmuls_to_gemm, pin_grids
+    from omnidraft_deploy.exporters.quant.gptq import gptq_per_channel
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config

@@ -8,21 +8,23 @@ import dataclasses
 import pytest
 import torch
 from omnidraft_deploy.exporters import EXPORTERS, get_exporter, register
-from omnidraft_deploy.exporters.quantize import (
-    RECIPES,
-    Backend,
+from omnidraft_deploy.exporters.onnx.file_quant import quantize_onnx_file
+from omnidraft_deploy.exporters.xnnpack.eager_quant import (
     Int4GroupLinear,
     Int8WeightOnlyLinear,
-    QuantRecipe,
-    get_recipe,
     linear_scheme,
     quantize_eager,
-    quantize_onnx_file,
-    recipe_names,
 )
 from torch import nn
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.backends import (
+    RECIPES,
+    Backend,
+    QuantRecipe,
+    get_recipe,
+    recipe_names,
+)
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 
@@ -110,8 +112,8 @@ def test_recipes_name_the_lm_head_and_fp32_linears_per_module() -> None:
 
 def test_int4_groups_keep_an_asymmetric_grid_exactly() -> None:
     pytest.importorskip("torchao")
-    from omnidraft_deploy.exporters.onnx_fused import int4_rtn
-    from omnidraft_deploy.exporters.quantize import torchao_8da
+    from omnidraft_deploy.exporters.quant.grids import int4_rtn
+    from omnidraft_deploy.exporters.xnnpack.eager_quant import torchao_8da
 
     torch.manual_seed(0)
     lin = nn.Linear(64, 16).requires_grad_(False)

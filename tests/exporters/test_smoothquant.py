@@ -1,4 +1,4 @@
-"""SmoothQuant folding (``exporters.smoothquant``): the fp32 function is unchanged, per-row int8
+"""SmoothQuant folding (``exporters.quant.smoothquant``): the fp32 function is unchanged, per-row int8
 activations lose less, and the scales follow the formula."""
 
 from __future__ import annotations
@@ -7,9 +7,13 @@ import dataclasses
 
 import pytest
 import torch
-from omnidraft_deploy.exporters.smoothquant import activation_absmax, smoothed, smoothing_scales
+from omnidraft_deploy.exporters.quant.smoothquant import (
+    activation_absmax,
+    smoothed,
+    smoothing_scales,
+)
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model
 
 SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384, tie_embeddings=True)

@@ -20,7 +20,7 @@ from omnidraft_deploy.exporters.training_graph import (
     swap_initializers,
 )
 
-from omnidraft_deploy.presets import get_preset
+from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 CFG = TrainStepConfig(seq_len=12, topk=4)
@@ -65,7 +65,7 @@ def test_onnx_train_step_matches_torch_and_feeds_inference_graph(tmp_path: Path)
     # weights flow back into the bundle's drafter graph (exporters.onnx, swappable) without
     # re-export, and the runtime's OrtModel decodes with them
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     infer_path = tmp_path / "drafter.onnx"
@@ -121,7 +121,7 @@ def test_tied_drafter_weights_swap_into_its_graph(tmp_path: Path) -> None:
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
     from omnidraft_deploy.exporters.training_graph import param_aliases
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 

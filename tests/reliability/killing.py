@@ -2,7 +2,7 @@
 
 Each writer is a small program (``CHILDREN``) run with ``python -c``; it takes a target path and
 a version number and writes that version with the project's own crash-safe code:
-``synthetic_export`` stages ~40 files and a manifest through ``manifest.atomic_bundle_dir`` (the
+``synthetic_export`` stages ~40 files and a manifest through ``folder.atomic_bundle_dir`` (the
 exporters' publish/swap); ``cache_save`` saves an n-gram cache (``ngram.format.save``);
 ``checkpoint`` saves adapted weights (``distill.checkpoint``); ``export`` and ``weight_swap`` are
 the real ``omnidraft-export`` (tiny preset, onnx) and ``exporters.publish.publish_drafter``.
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _SYNTHETIC_EXPORT = """
 import sys, random
 from pathlib import Path
-from omnidraft_deploy.manifest import GraphInfo, Manifest, atomic_bundle_dir, file_entry
-from omnidraft_deploy.manifest import write_bytes_atomic, write_text_atomic
+from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest, atomic_bundle_dir, file_entry
+from omnidraft_deploy.bundle.manifest import write_bytes_atomic, write_text_atomic
 out, version = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(version)
 with atomic_bundle_dir(out) as tmp:
@@ -70,7 +70,8 @@ save_checkpoint(path, {f"w{i}": torch.full((256, 256), float(version)) + torch.r
 
 _EXPORT = """
 import sys
-from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+from omnidraft_deploy.exporters.bundle import ExportConfig
+from omnidraft_deploy.exporters.export import export_pair
 export_pair(ExportConfig(target="tiny-llama3-8b", drafter="tiny-llama-68m", backend="onnx",
                          out_dir=sys.argv[1], max_seq_len=32, draft_len=3, seed=int(sys.argv[2])))
 """
@@ -78,8 +79,8 @@ export_pair(ExportConfig(target="tiny-llama3-8b", drafter="tiny-llama-68m", back
 _WEIGHT_SWAP = """
 import sys, torch
 from omnidraft_deploy.exporters.publish import publish_drafter
-from omnidraft_deploy.presets import get_preset
-from omnidraft_deploy.reference.load import load_model
+from omnidraft_deploy.catalog.presets import get_preset
+from omnidraft_deploy.resolve.load import load_model
 drafter = load_model(get_preset("tiny-llama-68m"), seed=int(sys.argv[2]), max_seq_len=32)
 publish_drafter(sys.argv[1], drafter)
 """

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from omnidraft_deploy.manifest import BundleError, Manifest
+from omnidraft_deploy.bundle.manifest import BundleError, Manifest
 from omnidraft_deploy.ngram import format as odng
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.vocab import io as odvm

@@ -111,7 +111,7 @@ def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
 def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     from omnidraft_deploy.runtime.bundle import check_bundle
 
-    from omnidraft_deploy.manifest import BundleError
+    from omnidraft_deploy.bundle.manifest import BundleError
 
     check_bundle(seed)  # the seed itself is valid
     doc0 = json.loads((seed / "manifest.json").read_text())

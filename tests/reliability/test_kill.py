@@ -15,8 +15,9 @@ import torch
 from conftest import kill_seed_and_count, record, stop_requested
 from killing import KillStats, kill_loop
 
+from omnidraft_deploy.bundle.folder import verify_bundle
+from omnidraft_deploy.bundle.manifest import BundleError
 from omnidraft_deploy.distill.checkpoint import CheckpointError, load_checkpoint
-from omnidraft_deploy.manifest import BundleError, verify_bundle
 from omnidraft_deploy.ngram.format import NGramFormatError, load
 
 

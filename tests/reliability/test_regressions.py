@@ -20,7 +20,8 @@ from bundle_mutations import make_seed, relist, write_manifest
 from mutations import seed_manifest
 from omnidraft_deploy.runtime.bundle import SESSION_CACHE, check_bundle, load_session_cache
 
-from omnidraft_deploy.manifest import BundleError, Manifest, read_manifest
+from omnidraft_deploy.bundle.folder import read_manifest
+from omnidraft_deploy.bundle.manifest import BundleError, Manifest
 from omnidraft_deploy.ngram.format import NGramFormatError, from_bytes, load
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -106,7 +107,14 @@ def test_extras_not_an_object_is_named(extras: object) -> None:
 
 # --- crash class 7: invalid UTF-8 in --prompt -------------------------------------------------
 def test_invalid_utf8_prompt_is_a_clear_cli_error(tmp_path: Path) -> None:
-    argv = [b"-m", b"omnidraft_deploy.cli", b"run", os.fsencode(tmp_path), b"--prompt", b"ab\xff"]
+    argv = [
+        b"-m",
+        b"omnidraft_deploy.cli.main",
+        b"run",
+        os.fsencode(tmp_path),
+        b"--prompt",
+        b"ab\xff",
+    ]
     done = subprocess.run([os.fsencode(sys.executable), *argv], capture_output=True, timeout=120)
     assert done.returncode == 2 and b"--prompt: not valid UTF-8" in done.stderr, done.stderr
 
@@ -287,7 +295,7 @@ def test_kill_between_the_two_renames_is_recovered_and_leftovers_are_cleaned(
     """The state a kill between ``final -> .old`` and ``staged -> final`` leaves (the fallback
     swap; the kill harness exercises the exchange): the next open restores the bundle, the next
     export deletes the dead writer's staging folder and ``.old``, and neither ever validates."""
-    from omnidraft_deploy.manifest import atomic_bundle_dir, verify_bundle
+    from omnidraft_deploy.bundle.folder import atomic_bundle_dir, verify_bundle
 
     final = make_seed(tmp_path / "b")
     before = (final / "manifest.json").read_bytes()

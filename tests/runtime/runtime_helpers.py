@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.manifest import GraphInfo
-from omnidraft_deploy.presets import Family, ModelSpec, Role, Source
+from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 
 MAX_SEQ_LEN = 32
@@ -44,7 +44,7 @@ def info_for(model: Transformer, file: str, seq_len: int | None = None) -> Graph
 
 def write_onnx(model: Transformer, path: Path, seq_len: int | None = None) -> GraphInfo:
     pytest.importorskip("onnxruntime")
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
 
     info = info_for(model, path.name, seq_len)
     export_onnx(model, path, info=info, seq_len=seq_len)

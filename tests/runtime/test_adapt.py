@@ -12,7 +12,8 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
 
     cfg = ExportConfig(
         target="tiny-llama3-8b",
@@ -30,8 +31,8 @@ def test_adapt_trains_and_publishes_the_drafter(bundle: Path) -> None:
     from omnidraft_deploy.runtime.adapt import adapt_bundle
     from omnidraft_deploy.runtime.bundle import load_model
 
+    from omnidraft_deploy.bundle.folder import read_manifest, verify_bundle
     from omnidraft_deploy.distill.adapt import AdaptConfig
-    from omnidraft_deploy.manifest import read_manifest, verify_bundle
 
     before = read_manifest(bundle)
     published = []

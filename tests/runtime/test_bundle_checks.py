@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from runtime_helpers import cached_onnx
 
-from omnidraft_deploy.manifest import BundleError, GraphInfo
+from omnidraft_deploy.bundle.manifest import BundleError, GraphInfo
 
 pytest.importorskip("onnxruntime")
 

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.manifest import BundleError, read_manifest
+from omnidraft_deploy.bundle.folder import read_manifest
+from omnidraft_deploy.bundle.manifest import BundleError
 
 pytest.importorskip("onnxruntime")
 BACKENDS = ["onnx", "xnnpack", "qnn"]
 
 
 def _export(backend: str, out: Path) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
 
     quant = {"onnx": "fp32", "xnnpack": "fp32", "qnn": "qdq-a16w8"}[backend]
     cfg = ExportConfig(
@@ -45,7 +47,7 @@ def bundle(request, tmp_path_factory) -> Path:
 
 
 def _prompts(bundle: Path) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.prompts import load_prompts
+    from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     tok = load_tokenizer(read_manifest(bundle).graphs["target"].tokenizer)
@@ -59,7 +61,7 @@ def test_export_records_parity_and_validates(bundle: Path) -> None:
     for info in manifest.graphs.values():
         assert info.parity["max_abs_logit_diff"] <= info.parity["tolerance"]
     provider = "qnn" if manifest.backend == "qnn" else "cpu"
-    report = validate_bundle(bundle, _prompts(bundle), max_new_tokens=8, provider=provider)
+    report = validate_bundle(bundle, max_new_tokens=8, provider=provider)
     assert report["speculative_equal"] == report["prompts"]  # lossless through the runtime
     if manifest.graphs["target"].quantization == "fp32":
         assert report["eager_equal"] == report["prompts"]
@@ -67,23 +69,24 @@ def test_export_records_parity_and_validates(bundle: Path) -> None:
 
 
 def test_session_cache_is_saved_and_reloaded(bundle: Path, tmp_path: Path) -> None:
-    from omnidraft_deploy.runtime.validate import SESSION_CACHE, run_bundle
+    from omnidraft_deploy.runtime.bundle import SESSION_CACHE, open_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
 
     copy = tmp_path / "b"
     shutil.copytree(bundle, copy)
     ids = _prompts(copy)[0][1]
     provider = "qnn" if read_manifest(copy).backend == "qnn" else "cpu"
     state = tmp_path / "state"  # session files never go into the bundle (issue 14)
-    first, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
+    first, _ = run_bundle(open_bundle(copy, provider=provider), ids, max_new_tokens=6, state=state)
     assert (state / SESSION_CACHE).is_file() and not (copy / SESSION_CACHE).exists()
-    second, _ = run_bundle(copy, ids, max_new_tokens=6, provider=provider, state=state)
+    second, _ = run_bundle(open_bundle(copy, provider=provider), ids, max_new_tokens=6, state=state)
     assert first == second
 
 
 def test_cli_run_streams_text_and_step_stats(
     bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from omnidraft_deploy.cli import main
+    from omnidraft_deploy.cli.main import main
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     copy = tmp_path / "b"

@@ -99,7 +99,7 @@ def test_fused_graph_matches_eager_through_rollback(tmp_path: Path, n_kv_heads: 
     import dataclasses
 
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
     from runtime_helpers import tiny_spec
 
     from omnidraft_deploy.reference.model import build_model
@@ -121,7 +121,7 @@ def test_fused_graph_logits_belong_to_the_caller(tmp_path: Path) -> None:
     import dataclasses
 
     from omnidraft_deploy.exporters.exportable import graph_info
-    from omnidraft_deploy.exporters.onnx import export_onnx
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
     from runtime_helpers import tiny_spec
 
     from omnidraft_deploy.reference.model import build_model

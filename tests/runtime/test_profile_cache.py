@@ -19,7 +19,8 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
 
     out = tmp_path_factory.mktemp("profile") / "bundle"
     return export_pair(ExportConfig(target="tiny-llama3-8b", drafter="tiny-llama-68m",
@@ -31,7 +32,8 @@ def test_run_profiles_once_per_bundle_and_machine(
     bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from omnidraft_deploy.runtime import profile as rp
-    from omnidraft_deploy.runtime.validate import run_bundle
+    from omnidraft_deploy.runtime.bundle import open_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
 
     measured: list[int] = []
     real = rp.measure_bundle
@@ -42,16 +44,16 @@ def test_run_profiles_once_per_bundle_and_machine(
 
     monkeypatch.setattr(rp, "measure_bundle", counting)
     state, ids = tmp_path / "state", [5, 6, 7, 8, 9]
-    first, _ = run_bundle(bundle, ids, max_new_tokens=4, state=state)
+    first, _ = run_bundle(open_bundle(bundle, state=state), ids, max_new_tokens=4, state=state)
     prof = CostProfile.load(state / PROFILE_FILE)
     assert len(measured) == 1 and len(prof.fingerprint) == 16 and prof.overhead_ms > 0
-    again, _ = run_bundle(bundle, ids, max_new_tokens=4, state=state)
+    again, _ = run_bundle(open_bundle(bundle, state=state), ids, max_new_tokens=4, state=state)
     assert len(measured) == 1 and again == first  # cached: no second measurement
     elsewhere = dataclasses.replace(prof, fingerprint="0" * 16)  # another machine or bundle
     (state / PROFILE_FILE).write_text(elsewhere.to_json())
-    run_bundle(bundle, ids, max_new_tokens=4, state=state)
+    run_bundle(open_bundle(bundle, state=state), ids, max_new_tokens=4, state=state)
     assert len(measured) == 2
     (state / PROFILE_FILE).write_text("{not a profile")
-    run_bundle(bundle, ids, max_new_tokens=4, state=state)
+    run_bundle(open_bundle(bundle, state=state), ids, max_new_tokens=4, state=state)
     assert len(measured) == 3
     assert CostProfile.load(state / PROFILE_FILE).fingerprint == prof.fingerprint

@@ -9,6 +9,7 @@ drafter's context (e.g. a missing BOS) changes the acceptance.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,25 +26,26 @@ PAIRS = [
 
 @pytest.mark.parametrize("pair", PAIRS)
 def test_run_and_validate_agree(pair: tuple[str, str], tmp_path: Path) -> None:
-    from omnidraft_deploy.exporters.bundle import ExportConfig, export_pair
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
     from omnidraft_deploy.runtime.bundle import open_bundle
-    from omnidraft_deploy.runtime.validate import run_bundle, validate_bundle
+    from omnidraft_deploy.runtime.run import run_bundle
+    from omnidraft_deploy.runtime.validate import validate_bundle
 
-    from omnidraft_deploy.prompts import load_prompts
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     target, drafter = pair
     cfg = ExportConfig(target=target, drafter=drafter, backend="onnx",
                        out_dir=tmp_path / "bundle", max_seq_len=96, draft_len=4)  # fmt: skip
     bundle = export_pair(cfg)
-    tok = load_tokenizer(cfg.specs["target"].tokenizer)
-    prompt = tok.encode(load_prompts({"math"})[0].text)[:40]
-    report = validate_bundle(bundle, [("math", prompt)], max_new_tokens=16)
+    report = validate_bundle(bundle, max_new_tokens=16)  # the prompts of expected.json
     assert report["passed"], report
-    out, stats = run_bundle(bundle, prompt, max_new_tokens=16)  # first run: the shipped cache
-    assert stats.acceptance_rate == report["rows"][0]["acceptance_rate"]
+    rows = json.loads((bundle / "expected.json").read_text())["prompts"]
+    i = next(i for i, r in enumerate(rows) if r["task"] == "math")
+    prompt = rows[i]["prompt_ids"]
     opened = open_bundle(bundle)
+    out, stats = run_bundle(opened, prompt, max_new_tokens=16)  # first run: the shipped cache
+    assert stats.acceptance_rate == report["rows"][i]["acceptance_rate"]
     decode = DecodeConfig(max_new_tokens=16, vocab_limit=opened.mapper.target_vocab_size,
                           eos_ids=opened.mapper.target_eos)  # fmt: skip
     assert out == generate_target_only(opened.target, prompt, decode)[0]

@@ -4,7 +4,7 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
-/** The fields of manifest.json (schema 1, see omnidraft_deploy/manifest.py) that the app uses. */
+/** The fields of manifest.json (schema 1, see omnidraft_deploy/bundle/manifest.py) that the app uses. */
 public final class BundleManifest {
     /** One listed file: its sha256 (lowercase hex), size in bytes and role. */
     public static final class FileEntry {

@@ -8,7 +8,7 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * Replays one recorded run (omnidraft_deploy/trace.py): a CausalLm per role that returns the
+ * Replays one recorded run (omnidraft_deploy/golden/trace.py): a CausalLm per role that returns the
  * recorded logits for the recorded call and fails on any other call, and the recorded uniforms.
  */
 final class TraceReplay implements Uniforms {

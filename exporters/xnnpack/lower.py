@@ -1,0 +1,212 @@
+"""Recipe: Transformer -> ExecuTorch ``.pte`` lowered to XNNPACK (phone CPU).
+
+Stages (each timed, with its peak RSS, into the returned ``stages``): prepare (stateful wrapper:
+KV cache as mutable buffers, no grad) -> quantize (a deep copy,
+``quantize.quantize_eager``: 8da4w / 8da8w / int8w linears, optional int8 embedding) -> export
+(``torch.export``, T dynamic in [1, max_seq_len]) -> lower (``to_edge_transform_and_lower`` with
+``XnnpackPartitioner``) -> serialize (atomic rename). Verification (reload through
+``executorch.runtime.Runtime``, compare with eager) is ``exporters.verify``; ``bundle`` runs it.
+
+Metadata rides inside the program as constant methods: get_max_seq_len, get_vocab_size,
+get_n_layers, get_eos_ids (list), get_format_version, get_bundle_hash (string).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from omnidraft_deploy.exporters.exportable import (
+    StatefulExportable,
+    dynamic_shapes_stateful,
+    example_inputs,
+)
+from omnidraft_deploy.exporters.memory import stage
+from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
+
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic
+from omnidraft_deploy.catalog.backends import QuantRecipe
+from omnidraft_deploy.optional import require
+from omnidraft_deploy.reference.model import Transformer
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+CONSTANT_METHODS = (
+    "get_max_seq_len",
+    "get_vocab_size",
+    "get_n_layers",
+    "get_eos_ids",
+    "get_format_version",
+    "get_bundle_hash",
+)
+
+
+def require_executorch() -> None:
+    require("executorch", extra="executorch", purpose="the xnnpack backend")
+
+
+def constant_methods(
+    model: Transformer, eos_ids: tuple[int, ...], bundle_hash: str
+) -> dict[str, Any]:
+    """The ``.pte`` metadata methods (values the runtime and Android read before decoding)."""
+    a = model.args
+    return {
+        "get_max_seq_len": a.max_seq_len,
+        "get_vocab_size": a.vocab_size,
+        "get_n_layers": a.n_layers,
+        "get_eos_ids": list(eos_ids) or [-1],  # ExecuTorch rejects an empty list constant
+        "get_format_version": FORMAT_VERSION,
+        "get_bundle_hash": bundle_hash or "-",  # and an empty string
+    }
+
+
+def op_coverage(edge_program: Any) -> dict[str, Any]:
+    """Nodes delegated to XNNPACK vs left to the portable runtime (per operator, non-delegated)."""
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    gm = edge_program.exported_program().graph_module
+    info = get_delegation_info(gm)
+    left = {
+        op: b.non_delegated
+        for op, b in sorted(info.delegation_by_operator.items())
+        if b.non_delegated and op not in ("getitem", "sym_size")
+    }
+    return {
+        "delegated_subgraphs": info.num_delegated_subgraphs,
+        "delegated_nodes": info.num_delegated_nodes,
+        "non_delegated_nodes": info.num_non_delegated_nodes,
+        "non_delegated_ops": left,
+    }
+
+
+PATCHED_EXECUTORCH = "1.5.1"  # the release whose lowering ``fast_lowering`` speeds up
+
+
+def _can_merge_partitions(self: Any, p1: int, p2: int, partitions_by_id: dict[int, Any]) -> bool:
+    """ExecuTorch 1.5.1's ``GroupBasedPartitioner._can_merge_partitions`` with its membership
+    tests done by set operations: the same answer, from C loops instead of Python ones."""
+    from torch.fx.passes.utils.fuser_utils import validate_partition
+
+    combined = partitions_by_id[p1].nodes.keys() | partitions_by_id[p2].nodes.keys()
+    users = {user for node in combined for user in node.users} - combined
+    if any(not self.dependency_viewer.downstreams_of(u).isdisjoint(combined) for u in users):
+        return False  # an outside node both reads from and feeds the merged partition: a cycle
+    return bool(validate_partition(list(combined)))
+
+
+def _legalize_in_place(gm: Any) -> Any:
+    """``torch.fx.passes.tools_common.legalize_graph`` without its ``recompile``: torch's own sort
+    runs on a stand-in (``SimpleNamespace(graph=...)``), and ``gm``'s nodes are moved into the
+    order of the sorted copy (matched by name), so the graph is never replaced and its Python
+    code is not regenerated per partition. Falls back to the original if the names do not match.
+    """
+    from torch.fx.passes import tools_common
+
+    graph = gm.graph
+    holder = SimpleNamespace(graph=graph)
+    tools_common.legalize_graph(holder)  # type: ignore[arg-type]
+    by_name = {node.name: node for node in graph.nodes}
+    order = [by_name.get(node.name) for node in holder.graph.nodes]
+    if len(order) != len(by_name) or None in order:
+        return tools_common.legalize_graph(gm)
+    prev = graph._root
+    for node in order:
+        if prev.next is not node:
+            prev.append(node)
+        prev = node
+    return gm
+
+
+@contextlib.contextmanager
+def fast_lowering() -> Iterator[bool]:
+    """Lower with two of ExecuTorch 1.5.1's quadratic steps done in linear-time Python (yields
+    whether they are; any other release lowers with its own code).
+
+    py-spy on SmolLM2-135M's lowering (8da4w, 532 s): (1) the XNNPACK partitioner tries to merge
+    every pair of its partitions, and for each pair tests every external user's transitive
+    downstream set one node at a time (``any(n in combined for n in downstream)``): 48 % of the
+    lowering. ``_can_merge_partitions`` computes the same predicate with ``set.isdisjoint``.
+    (2) Cutting each of the ~480 partitions out of the graph re-sorts the whole graph into a new
+    one and recompiles its Python code (``legalize_graph``). ``_legalize_in_place`` gives the
+    nodes the same order in place, and the graph is recompiled once, after the last partition.
+    The ``.pte`` is the same to the byte (``tests/exporters/test_executorch_tiny.py``).
+    """
+    from importlib.metadata import version
+
+    if version("executorch") != PATCHED_EXECUTORCH:
+        yield False
+        return
+    from executorch.exir import lowered_backend_module
+    from executorch.exir.backend import backend_api
+    from executorch.exir.backend.canonical_partitioners import group_partitioner
+
+    cls = group_partitioner.GroupBasedPartitioner
+    merge, legalize = cls._can_merge_partitions, lowered_backend_module.legalize_graph
+    create = backend_api._create_partitions_in_graph_module
+
+    def create_then_recompile(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return create(gm, *args, **kwargs)
+        finally:
+            gm.recompile()
+
+    cls._can_merge_partitions = _can_merge_partitions  # type: ignore[method-assign]
+    lowered_backend_module.legalize_graph = _legalize_in_place
+    backend_api._create_partitions_in_graph_module = create_then_recompile
+    try:
+        yield True
+    finally:
+        cls._can_merge_partitions = merge  # type: ignore[method-assign]
+        lowered_backend_module.legalize_graph = legalize
+        backend_api._create_partitions_in_graph_module = create
+
+
+def export_pte(
+    model: Transformer,
+    path: Path,
+    *,
+    recipe: QuantRecipe,
+    eos_ids: tuple[int, ...],
+    bundle_hash: str = "",
+    seq_len: int | None = None,
+    fast: bool = True,
+    bits: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
+    stage). ``model`` is not modified.
+
+    ``seq_len`` None: T dynamic in [1, max_seq_len] (the contract); an int gives a static-T program.
+    ``fast``: lower under ``fast_lowering`` (the same program, sooner).
+    ``bits``: an 8da4w recipe's plan (module path -> 4 or 8, ``quantize.quantize_eager``).
+    """
+    require_executorch()
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    stages: dict[str, Any] = {}
+    model = model.eval().requires_grad_(False)
+    with stage(stages, "quantize"):  # a copy unless fp32
+        quantized = quantize_eager(model, recipe, bits)
+    ids, pos = example_inputs(model.args, seq_len or 2)
+    dyn = None if seq_len else dynamic_shapes_stateful(model.args)
+    with stage(stages, "torch_export"), torch.no_grad():
+        ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
+    lowering = fast_lowering() if fast else contextlib.nullcontext(False)
+    with stage(stages, "lower"), lowering as patched:
+        edge = to_edge_transform_and_lower(
+            ep,
+            partitioner=[XnnpackPartitioner()],
+            constant_methods=constant_methods(model, eos_ids, bundle_hash),
+            compile_config=EdgeCompileConfig(_check_ir_validity=False),
+        )
+    coverage = op_coverage(edge) | {"fast_lowering": patched}
+    log.info("%s: XNNPACK coverage %s", path.name, coverage)
+    with stage(stages, "serialize"):
+        write_bytes_atomic(path, edge.to_executorch().buffer)
+    log.info("%s: stages %s", path.name, stages)
+    return coverage | {"stages": stages}

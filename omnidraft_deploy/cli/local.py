@@ -1,0 +1,127 @@
+"""Verbs that need neither exporters nor a runtime: ``presets``, ``assets``, ``generate``, ``bench``.
+
+Handlers for ``omnidraft_deploy.cli.main`` (the composition root; the flags are declared in
+``cli_parser``); each turns its ``Namespace`` into library arguments and lazy-imports what it
+needs. Results go to stdout, statistics and progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from omnidraft_deploy.catalog.presets import Role, get_preset, list_presets
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    for spec in list_presets(Role(args.role) if args.role else None):
+        size = f"{spec.n_params() / 1e6:,.1f}M"
+        print(
+            f"{spec.name:18} {spec.role.value:8} {spec.family.value:6} tokenizer={spec.tokenizer:8}"
+            f" vocab={spec.vocab_size:<7} params={size:>10}  {spec.weights_from}"
+        )
+    return 0
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.catalog import assets
+
+    if args.action == "list":
+        for name, info in assets.list_assets().items():
+            print(f"{name:28} {info}")
+        return 0
+    paths = assets.fetch_assets(include_models=args.models)
+    for name, path in paths.items():
+        print(f"{name:28} {path}")
+    return 0
+
+
+def decode_config(args: argparse.Namespace, eos: tuple[int, ...], vocab_limit: int) -> Any:
+    from omnidraft_deploy.speculative.decoder import DecodeConfig
+    from omnidraft_deploy.speculative.drafter import Mode
+
+    mode = Mode(args.mode)
+    temperature = 0.0 if mode is Mode.GREEDY else args.temperature
+    return DecodeConfig(
+        mode=mode,
+        temperature=temperature,
+        max_new_tokens=args.max_new_tokens,
+        eos_ids=eos,
+        vocab_limit=vocab_limit,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from omnidraft_deploy.ngram.cache import NGramCache
+    from omnidraft_deploy.resolve.pair import build_pair
+    from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
+    from omnidraft_deploy.speculative.draft_len import make_policy
+
+    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
+    cfg = decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
+    ids = pair.target_tok.encode(args.prompt)
+    dec = SpeculativeDecoder(
+        pair.target,
+        pair.drafter,
+        pair.mapper,
+        make_policy(args.policy, args.draft_len),
+        NGramCache(),
+        config=cfg,
+    )
+    out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
+    from omnidraft_deploy.cli.streaming import (
+        decode_continuation,  # keeps SentencePiece join spaces
+    )
+
+    print(args.prompt + decode_continuation(pair.target_tok, ids, out))
+    if args.check:
+        ref, _ = generate_target_only(
+            pair.target, ids, cfg, torch.Generator().manual_seed(args.seed)
+        )
+        print(f"identical to target-only: {ref == out}", file=sys.stderr)
+    print(json.dumps({k: round(v, 4) for k, v in stats.summary().items()}), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.bench import BenchPrompt, run_decode_bench, write_report
+    from omnidraft_deploy.catalog.prompts import load_prompts
+    from omnidraft_deploy.ngram.cache import NGramCache
+    from omnidraft_deploy.resolve.pair import build_pair
+    from omnidraft_deploy.speculative.draft_len import make_policy
+
+    if args.lossless:
+        from omnidraft_deploy.bench import lossless_report
+
+        print(lossless_report(args.out).read_text())
+        return 0
+    pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
+    cfg = decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
+    prompts = [BenchPrompt(p.task, pair.target_tok.encode(p.text)) for p in load_prompts()]
+    result = run_decode_bench(
+        pair.target,
+        pair.drafter,
+        pair.mapper,
+        make_policy(args.policy, args.draft_len),
+        prompts,
+        cfg,
+        ngram_cache=NGramCache(),
+        seed=args.seed,
+    )
+    meta = {
+        "target": args.target,
+        "drafter": args.drafter,
+        "mode": args.mode,
+        "policy": args.policy,
+        "draft_len": args.draft_len,
+        **pair.mapper.overlap_report(),
+    }
+    path = write_report(
+        result, args.out, title=f"decode-{args.drafter}--{args.target}-{args.mode}", meta=meta
+    )
+    print(path.read_text())
+    return 0

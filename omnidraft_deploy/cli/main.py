@@ -1,0 +1,213 @@
+"""Command line: ``omnidraft <verb>`` and ``omnidraft-export``. The single composition root.
+
+Each handler turns its ``Namespace`` into library arguments in one place and lazy-imports the
+heavy backends it needs, so ``--help`` starts in well under a second; every flag is declared in
+``cli_parser``, which gets the handlers by verb name (``HANDLERS``). Every verb runs under
+``console.run_verb``: quiet unless ``-v``, errors as one paragraph naming the flag, Ctrl-C exits
+130. Results go to stdout; progress bars, notes and statistics to stderr. ``run`` and
+``validate`` only read a bundle; their session files go to ``--state`` (``omnidraft_deploy.bundle.state``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.catalog.backends import get_backend
+from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+from omnidraft_deploy.cli.console import library_stdout, run_verb
+from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
+from omnidraft_deploy.cli.parser import (
+    VERIFY_HASHES_ENV,
+    Handler,
+    build_export_parser,
+    build_parser,
+)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.resolve.export_inputs import (
+        resolve_export,  # checks first: no torch import before
+    )
+
+    target, drafter = args.target or DEFAULT_TARGET, args.drafter or DEFAULT_DRAFTER
+    quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
+                               ).partition(",")  # fmt: skip
+    out = Path(args.out or f"bundles/{target}-{args.backend}")
+    inputs = resolve_export(
+        target=target, drafter=drafter, model=args.model, drafter_model=args.drafter_model,
+        out_dir=out, force=args.force, quantization=quant,
+        default_target=args.target is None, default_drafter=args.drafter is None,
+    )  # fmt: skip
+    for note in inputs.notes:
+        print(f"note: {note}", file=sys.stderr)
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.export import export_pair
+    from omnidraft_deploy.runtime.bundle import check_bundle
+
+    cfg = ExportConfig(
+        target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
+        drafter_quantization=drafter_quant or None,
+        max_seq_len=args.max_seq_len, draft_len=args.draft_len, target_model=args.model,
+        drafter_model=args.drafter_model, verify=not args.no_verify,
+    )  # fmt: skip
+    with library_stdout(getattr(args, "verbose", False)):
+        path = export_pair(cfg, inputs, opener=check_bundle)  # never publish what open refuses
+    manifest = json.loads((path / "manifest.json").read_text())
+    size = sum(f["size"] for f in manifest["files"].values()) / 1e6
+    parity = manifest["graphs"]["target"].get("parity", {})
+    checked = f", target max |logit diff| {parity['max_abs_logit_diff']:.2g}" if parity else ""
+    chat = " --chat" if inputs.target.chat_template else ""
+    recipes = f"{quant},{drafter_quant}" if drafter_quant else quant
+    print(f"exported {path} ({args.backend}/{recipes}, {size:.1f} MB{checked})\nnext:\n"
+          f"  omnidraft validate {path}\n  omnidraft run {path}{chat} --prompt 'def fib(n):'")  # fmt: skip
+    return 0
+
+
+def _state(bundle: str, override: str | None) -> Path:
+    """The bundle's session folder (``bundle.state``), once its manifest reads as a bundle's: a
+    missing or foreign folder is refused (``BundleError``) before any state folder is made."""
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.state import state_dir
+
+    read_manifest(bundle)
+    return state_dir(bundle, override)
+
+
+def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.catalog.prompts import load_prompts
+    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
+
+    # the tokenizer's bytes are hashed as read; adapt_bundle opens (and checks) the whole bundle
+    tok = load_bundle_tokenizer(Path(bundle), "target", read_manifest(bundle).files)
+    return [(p.task, tok.encode(p.text)) for p in load_prompts()]
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omnidraft_deploy.bundle.atomic import write_text_atomic
+    from omnidraft_deploy.bundle.state import VALIDATION_REPORT
+    from omnidraft_deploy.runtime.validate import validate_bundle
+
+    ok = True
+    for bundle in args.bundles:
+
+        def bar(rows: Any, name: str = bundle) -> Any:
+            return tqdm(rows, desc=f"validate {name}", unit="prompt", leave=False)
+
+        state = _state(bundle, args.state)
+        report = validate_bundle(bundle, max_new_tokens=args.max_new_tokens,
+                                 provider=args.provider, progress=bar, state=state)  # fmt: skip
+        path = state / VALIDATION_REPORT
+        write_text_atomic(path, json.dumps(report, indent=2) + "\n")
+        n = report["prompts"]
+        print(f"{bundle}: {report['backend']}/{report['quantization']} on {report['provider']}: "
+              f"runtime == reference {report['eager_equal']}/{n}, speculative == runtime "
+              f"{report['speculative_equal']}/{n} -> {'PASS' if report['passed'] else 'FAIL'}"
+              f"  (report: {path})")  # fmt: skip
+        ok &= bool(report["passed"])
+    return 0 if ok else 1
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from omnidraft_deploy.cli.streaming import TextStreamer
+    from omnidraft_deploy.runtime.bundle import open_bundle
+    from omnidraft_deploy.runtime.run import run_bundle, target_only
+    from omnidraft_deploy.speculative.decoder import DecodeConfig
+    from omnidraft_deploy.speculative.drafter import Mode
+    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
+
+    state = _state(args.bundle, args.state)
+    bundle = open_bundle(args.bundle, provider=args.provider, state=state,
+                         trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
+    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
+    text = (
+        render_chat(getattr(tok, "chat_template", None), args.prompt) if args.chat else args.prompt
+    )
+    greedy = Mode(args.mode) is Mode.GREEDY
+    cfg = DecodeConfig(mode=Mode(args.mode), temperature=0.0 if greedy else args.temperature,
+                       top_p=None if greedy else args.top_p, max_new_tokens=args.max_new_tokens)  # fmt: skip
+    stream = TextStreamer(tok, sys.stdout, sys.stderr if args.step_stats else None)
+    if not args.chat:
+        sys.stdout.write(args.prompt)
+    ids = tok.encode(text)
+    _, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
+                          generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    stream.finish()
+    if args.stats:
+        summary = {k: round(v, 4) for k, v in stats.summary().items()}
+        _, base_stats = target_only(bundle, ids, cfg,
+                                    generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+        summary["target_only_wall_s"] = round(base_stats.wall_s, 4)
+        summary["speedup_vs_target_only"] = round(base_stats.wall_s / max(stats.wall_s, 1e-9), 3)
+        print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.distill.adapt import AdaptConfig
+    from omnidraft_deploy.exporters.publish import publish_drafter
+    from omnidraft_deploy.runtime.adapt import adapt_bundle
+
+    prompts = [ids for _, ids in _bundle_prompts(args.bundle)]
+    base = AdaptConfig()
+    cfg = AdaptConfig(
+        lr=args.lr or base.lr, steps_per_update=args.steps_per_update or base.steps_per_update
+    )
+    result = adapt_bundle(
+        args.bundle, prompts, cfg, rounds=args.rounds, max_new_tokens=args.max_new_tokens,
+        provider=args.provider, publish=lambda drafter: publish_drafter(args.bundle, drafter),
+    )  # fmt: skip
+    trace, n = result.report.acceptance, len(prompts)
+    first, last = sum(trace[:n]) / n, sum(trace[-n:]) / n
+    print(f"{args.bundle}: {result.rounds} x {n} prompts, {result.report.optimizer_steps} "
+          f"optimiser steps in {result.report.seconds:.0f} s; acceptance first round "
+          f"{first:.3f} -> last round {last:.3f}")  # fmt: skip
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omnidraft_deploy.bundle.state import state_dir
+    from omnidraft_deploy.runtime.profile import profile_bundle
+
+    path = profile_bundle(
+        Path(args.bundle), state_dir(args.bundle, args.state), k_max=args.k_max, reps=args.reps,
+        threads=args.threads, progress=lambda r: tqdm(r, desc="profile", unit="round"),
+    )  # fmt: skip
+    print(f"{args.bundle}: cost profile written to {path}")
+    return 0
+
+
+HANDLERS: dict[str, Handler] = {
+    "presets": cmd_presets, "assets": cmd_assets, "generate": cmd_generate, "bench": cmd_bench,
+    "export": _cmd_export, "validate": _cmd_validate, "run": _cmd_run, "profile": _cmd_profile,
+    "adapt": _cmd_adapt,
+}  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser(HANDLERS).parse_args(argv)
+    prog = "omnidraft-export" if args.verb == "export" else f"omnidraft {args.verb}"
+    return run_verb(prog, lambda: int(args.handler(args)), verbose=args.verbose)
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``omnidraft-export``: its own parser, so help and errors say ``omnidraft-export``."""
+    args = build_export_parser(_cmd_export).parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    return run_verb("omnidraft-export", lambda: _cmd_export(args), verbose=verbose)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""Every flag of ``omnidraft <verb>`` and ``omnidraft-export``: the one parser module.
+
+``omnidraft_deploy.cli.main`` (the composition root) passes its handlers in by verb name; this module
+imports no backend, so ``--help`` starts in well under a second. Help shows defaults (except
+unset ones) and the export recipes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omnidraft_deploy import __version__
+from omnidraft_deploy.catalog.backends import backend_names, quantization_help
+from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role
+
+Handler = Callable[[argparse.Namespace], int]
+DEFAULT_PROMPT = (
+    "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
+)
+DESCRIPTION = (
+    "Command line: ``omnidraft <verb>`` and ``omnidraft-export``. The single composition root."
+)
+EXPORT_EXAMPLES = """examples:
+  omnidraft-export                        # offline tiny twins: random weights, real tokenizers
+  omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization int8
+  omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization w8a8,int8
+  omnidraft-export --target llama3-8b --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
+Architecture, tokenizer and special tokens come from the weights (--model, --drafter-model); a
+preset supplies the rest and must speak the same vocabulary, or the export is refused before any
+work. recipes (--quantization): """
+EXPORT_DESCRIPTION = ("Export a verified drafter + target bundle (graphs, tokenizers, vocabulary "
+                      "map, n-gram cache, manifest).")  # fmt: skip
+PROVIDER_HELP = "where the graphs run (default: qnn bundles on the QNN HTP, others the CPU)"
+STATE_HELP = "folder for session files (grown n-gram cache, reports); default: user state folder"
+VERBOSE_HELP = "library warnings, tracebacks"
+VERIFY_HASHES_ENV = "OMNIDRAFT_VERIFY_HASHES"
+RUN_EPILOG = f"""hashes: each bundle file is hashed once per file identity (size, mtime, inode)
+and recorded in the --state folder; a changed file is hashed again and refused if it differs.
+{VERIFY_HASHES_ENV}=1 hashes every file on every run ('omnidraft validate' always does)."""
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows defaults (except unset ones) and keeps the examples' line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
+def utf8_text(text: str) -> str:
+    """A text argument that is valid UTF-8 (Python keeps undecodable argv bytes as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"not valid UTF-8 (undecodable byte at character {e.start}); pass UTF-8 text"
+        ) from None
+    return text
+
+
+def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
+    """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
+    p.add_argument(
+        "--target", help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET})"
+    )
+    p.add_argument("--drafter", help=f"drafter preset (default: {DEFAULT_DRAFTER})")
+    p.add_argument("--backend", default="xnnpack", choices=backend_names(), help="graph format")
+    p.add_argument("--quantization", help="recipe, or TARGET,DRAFTER recipes (e.g. w8a8,int8); "
+                   "default: the backend's first (see below)")  # fmt: skip
+    p.add_argument("--out", help="bundle folder (default: bundles/<target>-<backend>)")
+    p.add_argument("--force", action="store_true", help="replace the bundle already at --out")
+    p.add_argument("--model", help="target weights: Hugging Face folder or .gguf file")
+    p.add_argument("--drafter-model", help="drafter weights: Hugging Face folder or .gguf file")
+    p.add_argument("--max-seq-len", type=int, default=512, help="KV-cache slots of both graphs")
+    p.add_argument("--draft-len", type=int, default=4, help="drafter proposals per step")
+    p.add_argument("--no-verify", action="store_true", help="skip reload + parity with eager")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help=VERBOSE_HELP)  # fmt: skip
+    p.set_defaults(handler=handler)
+
+
+def add_decode_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the eager verbs (``generate``, ``bench``): a preset pair and a decoding setup."""
+    p.add_argument(
+        "--target", default=DEFAULT_TARGET, help="target preset (see `omnidraft presets`)"
+    )
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
+    p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
+    p.add_argument("--temperature", type=float, default=1.0, help="for exact/omnidraft modes")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--draft-len", type=int, default=4)
+    p.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundle")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
+    p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
+    p.add_argument("--temperature", type=float, default=0.7, help="exact/omnidraft modes")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (exact/omnidraft)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--stats", action="store_true", help="stats + speedup vs target-only (stderr)")
+    p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
+
+
+def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None:
+    """``validate``, ``run``, ``profile``, ``adapt``: verbs over an exported bundle."""
+    p = _verb(sub, "validate", "check bundles against their recorded reference", handlers, common)
+    p.add_argument("bundles", nargs="+")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument("--state", help=STATE_HELP)
+    p = _verb(sub, "run", "generate from a bundle (streams text)", handlers, common)
+    p.epilog = RUN_EPILOG
+    _add_run_flags(p)
+    p = _verb(sub, "profile", "measure per-call latency of a bundle's graphs (cost model)",
+              handlers, common)  # fmt: skip
+    p.add_argument("bundle")
+    p.add_argument("--k-max", type=int, default=8, help="longest draft: verify widths 1..k+1")
+    p.add_argument("--reps", type=int, default=7, help="interleaved rounds (medians kept)")
+    p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
+    p.add_argument("--state", help=STATE_HELP)
+    p = _verb(sub, "adapt", "adapt a bundle's drafter online, then publish it", handlers, common)
+    p.add_argument("bundle")
+    p.add_argument("--rounds", type=int, default=2, help="passes over the shipped prompt set")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lr", type=float, help="learning rate (default: AdaptConfig's, 1e-3)")
+    p.add_argument("--steps-per-update", type=int, help="optimiser steps after each prompt (4)")
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+
+
+def _verb(sub: Any, name: str, help: str, handlers: Mapping[str, Handler], common: Any) -> Any:
+    p = sub.add_parser(name, help=help, description=help, parents=[common], formatter_class=_Help)
+    p.set_defaults(handler=handlers[name])
+    return p
+
+
+def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
+    """``omnidraft``'s parser; ``handlers`` maps each verb name to its handler."""
+    common = argparse.ArgumentParser(add_help=False)  # -v after the verb too, never reset
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help=VERBOSE_HELP)  # fmt: skip
+    parser = argparse.ArgumentParser(prog="omnidraft", description=DESCRIPTION,
+                                     formatter_class=_Help)  # fmt: skip
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    p = _verb(sub, "presets", "list model presets", handlers, common)
+    p.add_argument("--role", choices=[r.value for r in Role])
+    p = _verb(sub, "assets", "fetch / list pinned offline assets", handlers, common)
+    p.add_argument("action", choices=["fetch", "list"])
+    p.add_argument("--models", action="store_true", help="also the real SmolLM2/Qwen2.5 GGUFs")
+    p = _verb(sub, "generate", "speculative generation with eager models", handlers, common)
+    add_decode_flags(p)
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
+    p.add_argument("--check", action="store_true", help="also run target-only and compare")
+    p = _verb(sub, "bench", "target-only vs speculative on the prompt set", handlers, common)
+    add_decode_flags(p)
+    p.add_argument("--out", default="reports")
+    p.add_argument("--lossless", action="store_true", help="measure sampling bias instead")
+    p = sub.add_parser("export", help="export a verified bundle (same as omnidraft-export)",
+                       epilog=EXPORT_EXAMPLES + quantization_help(), formatter_class=_Help)  # fmt: skip
+    add_export_flags(p, handlers["export"])
+    _add_bundle_verbs(sub, handlers, common)
+    return parser
+
+
+def build_export_parser(handler: Handler) -> argparse.ArgumentParser:
+    """``omnidraft-export``: its own parser, so help and errors say ``omnidraft-export``."""
+    parser = argparse.ArgumentParser(
+        prog="omnidraft-export", formatter_class=_Help, description=EXPORT_DESCRIPTION,
+        epilog=EXPORT_EXAMPLES + quantization_help(),
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_export_flags(parser, handler)
+    return parser

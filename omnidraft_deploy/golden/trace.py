@@ -1,0 +1,204 @@
+"""Golden decoding traces: what the Python reference runtime did, replayable by the Android core.
+
+A trace records one ``SpeculativeDecoder`` session over a real tokenizer pair: the prompt ids, every
+model call (role, ids, start position) with the logits it returned, every uniform random draw, the
+committed tokens, accept counts, draft lengths, the streamed text and the n-gram cache bytes before
+and after. ``android_demo`` feeds the recorded logits back through its ``CausalLm`` interface and
+must make exactly the same calls and produce the same tokens, text and cache bytes.
+
+Why the decisions depend only on recorded data (so a trace is a complete test vector):
+
+* ``TraceLM`` sparsifies every logits row it returns to its top ``topk`` entries (others ``-inf``)
+  *before* the decoder sees it, and records exactly those entries (float32 bits, base64). Greedy
+  decisions are unchanged by this (argmax is kept); sampling modes sample from the top-k
+  distribution, which is what the decoder saw and what Java recomputes.
+* Drafter calls: the decoder reads only the last row (``drafter._forward`` takes ``[-1]``); the
+  other rows are returned as NaN and recorded as null, so a reader that used them would fail.
+* Uniform draws: ``record_uniforms`` observes every ``torch.rand`` call of the sampling and
+  verification code and records the value; a replay consumes them in order instead of an RNG.
+
+Trace file (``<name>.json.gz``): see ``record_pair``; arrays of ids are JSON lists, logits rows are
+``{"idx": b64 <i4, "val": b64 <f4}`` (the top-k ids and their float32 logits, descending).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from omnidraft_deploy.cli.streaming import TextStreamer
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
+from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.draft_len import FixedDraftLen, HeuristicDraftLen
+from omnidraft_deploy.speculative.drafter import Mode
+from omnidraft_deploy.vocab.mapper import VocabMapper
+
+TRACE_FORMAT = 1
+
+
+def _b64(arr: np.ndarray, dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode("ascii")
+
+
+class TraceLM:
+    """A ``CausalLM`` that sparsifies and records every call of ``lm`` into ``calls``."""
+
+    def __init__(self, lm: CausalLM, role: str, topk: int, calls: list[dict[str, Any]]) -> None:
+        self.lm, self.role, self.topk, self.calls = lm, role, topk, calls
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.lm.max_seq_len
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        logits = self.lm.forward(token_ids, start_pos).float()  # (T, V)
+        top = logits.topk(min(self.topk, logits.shape[-1]), dim=-1)
+        out = torch.full_like(logits, float("-inf")).scatter_(-1, top.indices, top.values)
+        rows: list[dict[str, str] | None] = [
+            {"idx": _b64(i.numpy(), "<i4"), "val": _b64(v.numpy(), "<f4")}
+            for i, v in zip(top.indices, top.values, strict=True)
+        ]
+        if self.role == "drafter":  # the drafter reads the last row only (see module docstring)
+            out[:-1] = float("nan")
+            rows = [None if i < len(rows) - 1 else row for i, row in enumerate(rows)]
+        self.calls.append(
+            {"role": self.role, "ids": token_ids.tolist(), "start": start_pos, "rows": rows}
+        )
+        return out
+
+
+@contextlib.contextmanager
+def record_uniforms(draws: list[float]) -> Iterator[None]:
+    """Append the value of every scalar ``torch.rand`` call made inside the block to ``draws``."""
+    real = torch.rand
+
+    def observed(*args: Any, **kwargs: Any) -> Tensor:
+        x = real(*args, **kwargs)
+        if x.numel() == 1:
+            draws.append(float(x))
+        return x
+
+    torch.rand = observed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.rand = real  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    name: str  # file stem
+    mode: Mode = Mode.GREEDY
+    temperature: float = 0.0
+    policy: str = "fixed"  # "fixed" | "heuristic"
+    draft_len: int = 4
+    max_new_tokens: int = 24
+    topk: int = 32
+    seed: int = 0
+    cache_policy: str = "lru"
+    cache_max_entries: int = 64  # small, so that eviction happens within a trace
+    prompts: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _policy(cfg: TraceConfig) -> FixedDraftLen | HeuristicDraftLen:
+    if cfg.policy == "fixed":
+        return FixedDraftLen(cfg.draft_len)
+    if cfg.policy == "heuristic":
+        return HeuristicDraftLen(cfg.draft_len)
+    raise KeyError(f"trace policy {cfg.policy!r}; choose from ['fixed', 'heuristic']")
+
+
+def record_pair(
+    cfg: TraceConfig,
+    *,
+    target: CausalLM,
+    drafter: CausalLM,
+    target_tok: TokenizerLike,
+    drafter_tok: TokenizerLike,
+    mapper: VocabMapper,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Run every prompt of ``cfg`` through one decoder (shared n-gram cache and policy state)."""
+    calls: list[dict[str, Any]] = []
+    cache = NGramCache(max_entries=cfg.cache_max_entries, policy=cfg.cache_policy)
+    drafter_bos = mapper.drafter_bos  # the decoder takes it from the map (ODVM v2 role table)
+    decode_cfg = DecodeConfig(
+        mode=cfg.mode,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        eos_ids=tuple(mapper.target_eos),
+        vocab_limit=mapper.target_vocab_size,
+    )
+    dec = SpeculativeDecoder(
+        TraceLM(target, "target", cfg.topk, calls),
+        TraceLM(drafter, "drafter", cfg.topk, calls),
+        mapper,
+        _policy(cfg),
+        cache,
+        config=decode_cfg,
+    )
+    sizes = {"draft_vocab_size": mapper.draft_vocab_size,
+             "target_vocab_size": mapper.target_vocab_size}  # fmt: skip
+    generator = torch.Generator().manual_seed(cfg.seed)
+    runs = []
+    for text in cfg.prompts:
+        prompt_ids = target_tok.encode(text)
+        calls.clear()
+        draws: list[float] = []
+        out = io.StringIO()
+        streamer = TextStreamer(target_tok, out)
+        with record_uniforms(draws):
+            ids, stats = dec.generate(prompt_ids, generator=generator, observer=streamer)
+        runs.append(
+            {
+                "prompt": text,
+                "prompt_ids": prompt_ids,
+                "calls": list(calls),
+                "uniforms": draws,
+                "output_ids": ids,
+                "text": target_tok.decode(ids),
+                "streamed": out.getvalue(),
+                "accept_counts": stats.accept_counts,
+                "draft_len_trace": stats.draft_len_trace,
+                "merged_proposed": stats.merged_proposed,
+                "merged_accepted": stats.merged_accepted,
+                "target_calls": stats.target_calls,
+                "drafter_calls": stats.drafter_calls,
+                "ngram_cache_after": base64.b64encode(ngram_to_bytes(cache, **sizes)).decode(),
+            }
+        )
+    return {
+        "format": TRACE_FORMAT,
+        **meta,
+        "mapping_hash": mapper.content_hash(),
+        "mode": cfg.mode.value,
+        "temperature": cfg.temperature,
+        "policy": cfg.policy,
+        "draft_len": cfg.draft_len,
+        "max_new_tokens": cfg.max_new_tokens,
+        "topk": cfg.topk,
+        "eos_ids": list(mapper.target_eos),
+        "vocab_limit": mapper.target_vocab_size,
+        "drafter_bos": drafter_bos,
+        "target_model_vocab": target.vocab_size,
+        "drafter_model_vocab": drafter.vocab_size,
+        "target_max_seq_len": target.max_seq_len,
+        "drafter_max_seq_len": drafter.max_seq_len,
+        "cache_policy": cfg.cache_policy,
+        "cache_max_entries": cfg.cache_max_entries,
+        "runs": runs,
+    }

@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 _SYNTHETIC_EXPORT = """
 import sys, random
 from pathlib import Path
-from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest, atomic_bundle_dir, file_entry
-from omnidraft_deploy.bundle.manifest import write_bytes_atomic, write_text_atomic
+from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest
+from omnidraft_deploy.bundle.folder import atomic_bundle_dir
+from omnidraft_deploy.bundle.files import file_entry
+from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic
 out, version = Path(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(version)
 with atomic_bundle_dir(out) as tmp:

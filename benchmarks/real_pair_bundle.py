@@ -40,13 +40,12 @@ from typing import Any
 
 import torch
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
-from omnidraft_deploy.runtime.profile import measure_host_overhead
+from omnidraft_deploy.runtime.profile import cpu_model, measure_bundle
 from ort_pair import _traced  # type: ignore[import-not-found]  # benchmarks/, beside this script
 from real_pair import genai_method  # type: ignore[import-not-found]
 
 from omnidraft_deploy import real_pair as rp
 from omnidraft_deploy.bundle.atomic import write_text_atomic
-from omnidraft_deploy.host.profile import measure
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, FixedDraftLen
@@ -100,10 +99,12 @@ def _sampled(dec: SpeculativeDecoder | None, target: Any, cfg: DecodeConfig, see
 
 
 def _profiles(bundle: OpenBundle, family: OpenBundle | None, reps: int) -> dict[str, CostProfile]:
-    drafters = {"smollm2": bundle.drafter} | ({"family": family.drafter} if family else {})
-    profs = measure(bundle.target, drafters, k_max=2 * bundle.manifest.draft_len, reps=reps)
-    host = measure_host_overhead(bundle)  # the loop's own host cost, paid in every decoder here
-    return {n: dataclasses.replace(p, overhead_ms=host) for n, p in profs.items()}
+    """The bundle's profiles as ``run`` measures them (its drafter as ``smollm2``, ``""`` for
+    lookup), plus the family drafter timed against the same target calls."""
+    others = {"family": family.drafter} if family else {}
+    profs = measure_bundle(bundle, k_max=2 * bundle.manifest.draft_len, reps=reps, others=others)
+    profs["smollm2"] = profs.pop("drafter")
+    return profs
 
 
 def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None,
@@ -178,7 +179,7 @@ def cmd_run(a: argparse.Namespace) -> None:
             "load_s": round(time.perf_counter() - t0, 1), "load_avg_run_start": load0,
             "load_avg_start": start, "load_avg_end": os.getloadavg(),
             "utc_end": time.strftime("%H:%M:%S", time.gmtime()), "command": " ".join(sys.argv),
-            "machine": {"cpu": _cpu(), "cpus": os.cpu_count()}, "revision": _revision()}  # fmt: skip
+            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()}, "revision": _revision()}  # fmt: skip
     out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in profs.items()},
            "rows": res.rows}  # fmt: skip
     chunks = Path(a.chunk_dir) / a.name
@@ -246,12 +247,6 @@ def cmd_lossless(a: argparse.Namespace) -> None:
     out = Path(a.out_dir) / a.name / f"{a.name}_lossless.json"
     meta = {"command": " ".join(sys.argv), "revision": _revision(), "load_avg": os.getloadavg()}
     write_text_atomic(out, json.dumps({"meta": meta, "prompts": report}, indent=1) + "\n")
-
-
-def _cpu() -> str:
-    from omnidraft_deploy.runtime.profile import _cpu_model
-
-    return _cpu_model()
 
 
 def _revision() -> str:

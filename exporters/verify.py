@@ -11,8 +11,7 @@ single steps, a KV rollback). A result outside the recipe's tolerance raises
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from omnidraft_deploy.bundle.manifest import GraphInfo
 from omnidraft_deploy.catalog.backends import QuantRecipe
 from omnidraft_deploy.checks.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.speculative.decoder import torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +31,6 @@ log = logging.getLogger(__name__)
 # The eager reference runs single-threaded: on a busy 2-core machine two torch threads made a
 # (1, 24, 576) linear 18x slower (49 ms vs 2.7 ms), and eager calls were 90 % of verification.
 EAGER_THREADS = 1
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """torch's intra-op thread count set to ``n`` for the block (restored after it)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class ExportVerificationError(RuntimeError):

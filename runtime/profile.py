@@ -28,6 +28,7 @@ from typing import Any
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
 from omnidraft_deploy.host.profile import Progress, load_profile, measure, save_profile
+from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import FixedDraftLen
@@ -41,7 +42,7 @@ _HOST_PROMPT = "def is_palindrome(text: str) -> bool:\n    cleaned = [c.lower() 
 HOST_STEPS_TOKENS = 24  # new tokens per in-loop repetition
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -58,7 +59,7 @@ def fingerprint(bundle: OpenBundle) -> str:
     import torch
 
     graphs = {r: bundle.manifest.files[g.file].sha256 for r, g in bundle.manifest.graphs.items()}
-    key = {"graphs": graphs, "provider": bundle.provider, "cpu": _cpu_model(),
+    key = {"graphs": graphs, "provider": bundle.provider, "cpu": cpu_model(),
            "cpus": os.cpu_count(), "ort": onnxruntime.__version__, "torch": torch.__version__}  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -83,15 +84,19 @@ def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int =
 
 
 def measure_bundle(bundle: OpenBundle, *, k_max: int = 8, reps: int = 7,
-                   progress: Progress = lambda r: r) -> CostProfile:  # fmt: skip
+                   others: dict[str, CausalLM] | None = None,
+                   progress: Progress = lambda r: r) -> dict[str, CostProfile]:  # fmt: skip
     """Call latencies (``profile.measure``) + the in-loop host overhead, stamped with the
-    bundle's ``fingerprint``."""
+    bundle's ``fingerprint``: ``"drafter"`` (the bundle's own), ``""`` (no drafter: lookup) and
+    one per graph of ``others`` (more drafters timed against the same target calls)."""
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
     k_max = max(1, min(k_max, cap // 4 - 1))  # small test bundles: every call must fit
-    prof = measure(bundle.target, {"drafter": bundle.drafter}, k_max=k_max, reps=reps,
-                   context=min(64, cap // 4), progress=progress)["drafter"]  # fmt: skip
-    return dataclasses.replace(prof, overhead_ms=measure_host_overhead(bundle),
-                               fingerprint=fingerprint(bundle))  # fmt: skip
+    profs = measure(bundle.target, {"drafter": bundle.drafter, **(others or {})}, k_max=k_max,
+                    reps=reps, context=min(64, cap // 4), progress=progress)  # fmt: skip
+    host, stamp = measure_host_overhead(bundle), fingerprint(bundle)
+    return {
+        n: dataclasses.replace(p, overhead_ms=host, fingerprint=stamp) for n, p in profs.items()
+    }
 
 
 def ensure_profile(bundle: OpenBundle, state: Path, *,
@@ -108,7 +113,7 @@ def ensure_profile(bundle: OpenBundle, state: Path, *,
         return cached
     why = "first run on this machine" if cached is None else "bundle or machine changed"
     notify(f"measuring this bundle's cost profile ({why}; once, ~20 s) -> {state}")
-    prof = measure_bundle(bundle, reps=5, progress=progress)
+    prof = measure_bundle(bundle, reps=5, progress=progress)["drafter"]
     save_profile(prof, state)
     return prof
 
@@ -122,4 +127,5 @@ def profile_bundle(bundle_dir: Path, state: Path, *, k_max: int = 8, reps: int =
     ext = {Path(g.file).suffix for g in bundle.manifest.graphs.values()}
     if ext != {".onnx"}:
         raise ValueError(f"{bundle_dir}: profile runs ONNX graphs (onnx backend) only")
-    return save_profile(measure_bundle(bundle, k_max=k_max, reps=reps, progress=progress), state)
+    prof = measure_bundle(bundle, k_max=k_max, reps=reps, progress=progress)["drafter"]
+    return save_profile(prof, state)

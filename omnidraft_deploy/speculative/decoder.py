@@ -28,7 +28,7 @@ from omnidraft_deploy.speculative.hybrid import make_proposer
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
 from omnidraft_deploy.speculative.stats import DecodeStats
-from omnidraft_deploy.speculative.verify import accept_greedy, greedy_ids, verify
+from omnidraft_deploy.speculative.verify import accept_greedy, greedy_ids, non_finite_rows, verify
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -74,11 +74,7 @@ def _limit(logits: Tensor, limit: int | None) -> Tensor:
     if not bool(torch.isfinite(rows.sum(-1)).all()):  # one pass in the common, all-finite case
         bad_rows = (torch.isnan(rows) | torch.isposinf(rows)).any(-1) | torch.isneginf(rows).all(-1)
         if bool(bad_rows.any()):  # -inf alone is a legal mask; NaN, +inf or all -inf is not
-            raise FloatingPointError(
-                f"the target returned non-finite logits (NaN/inf) in rows "
-                f"{bad_rows.nonzero().flatten().tolist()[:8]} of this call: an overflow in the "
-                "model or a broken graph; refusing to decode from them"
-            )
+            raise non_finite_rows(bad_rows.nonzero().flatten().tolist())
     if limit is None or limit >= logits.shape[-1]:
         return logits
     masked = logits.clone()  # the caller's tensor is left as it was

@@ -127,11 +127,9 @@ class CrossVocabDrafter:
     def _pick(
         self, logits: Tensor, generator: torch.Generator | None
     ) -> tuple[int, float, Tensor | None]:
-        """(drafted id, its proposal probability, its sampling law or None when greedy).
-
-        Logits past the map's drafter vocabulary (a padded embedding: every Qwen model) are never
-        drafted. Greedy drafting is one numpy argmax over the row: no probability row is built."""
-        logits = logits[: self.mapper.draft_vocab_size]
+        """(drafted id, its proposal probability, its sampling law or None when greedy); ``logits``:
+        (V_d,), already cut to the map's drafter vocabulary by ``_forward``. Greedy drafting is
+        one numpy argmax over the row: no probability row is built."""
         if self.temperature <= 0:
             return int(np.argmax(logits.numpy())), 1.0, None
         probs = self._draft_probs(logits)
@@ -162,11 +160,7 @@ class CrossVocabDrafter:
             # the confidence of the law the token was drawn from: greedy, the drafter's own
             # softmax (a one-hot law says nothing); sampling, the (restricted) sampling law
             with np.errstate(divide="ignore"):
-                law = (
-                    logits[: self.mapper.draft_vocab_size].numpy()
-                    if probs is None
-                    else np.log(probs.numpy())
-                )
+                law = logits.numpy() if probs is None else np.log(probs.numpy())
             feats = confidence_features(law)
             if not self.policy.keep_drafting(i, feats):
                 break

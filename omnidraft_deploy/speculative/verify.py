@@ -75,12 +75,16 @@ def greedy_ids(target_logits: Tensor, limit: int | None = None) -> list[int]:
     best = rows.argmax(-1)
     top = rows[np.arange(best.size), best]
     if not np.isfinite(top).all():
-        bad = np.flatnonzero(~np.isfinite(top)).tolist()
-        raise FloatingPointError(
-            f"the target returned non-finite logits (NaN/inf) in rows {bad[:8]} of this call: "
-            "an overflow in the model or a broken graph; refusing to decode from them"
-        )
+        raise non_finite_rows(np.flatnonzero(~np.isfinite(top)).tolist())
     return [int(b) for b in best]
+
+
+def non_finite_rows(bad: list[int]) -> FloatingPointError:
+    """The error for target logits rows ``bad`` that hold NaN / +inf or nothing but -inf."""
+    return FloatingPointError(
+        f"the target returned non-finite logits (NaN/inf) in rows {bad[:8]} of this call: "
+        "an overflow in the model or a broken graph; refusing to decode from them"
+    )
 
 
 def accept_greedy(proposal_ids: list[int], best: list[int]) -> tuple[int, int]:
@@ -89,8 +93,3 @@ def accept_greedy(proposal_ids: list[int], best: list[int]) -> tuple[int, int]:
         if best[i] != x:
             return i, best[i]
     return len(proposal_ids), best[len(proposal_ids)]
-
-
-def verify_greedy(proposal_ids: list[int], target_logits: Tensor) -> tuple[int, int]:
-    """Greedy verification: target_logits (n+1, V). Deterministic, no randomness consumed."""
-    return accept_greedy(proposal_ids, target_logits.argmax(-1).tolist())

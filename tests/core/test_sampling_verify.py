@@ -13,7 +13,7 @@ from omnidraft_deploy.speculative.draft_len import (
     make_policy,
 )
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict
-from omnidraft_deploy.speculative.verify import greedy_ids, residual, verify, verify_greedy
+from omnidraft_deploy.speculative.verify import accept_greedy, greedy_ids, residual, verify
 
 
 def test_logits_to_probs_filters() -> None:
@@ -54,9 +54,9 @@ def test_verify_rejects_zero_probability_proposal() -> None:
 
 def test_verify_greedy() -> None:
     logits = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
-    assert verify_greedy([1, 0], logits) == (2, 2)
-    assert verify_greedy([1, 2], logits) == (1, 0)
-    assert verify_greedy([], logits) == (0, 1)
+    assert accept_greedy([1, 0], greedy_ids(logits)) == (2, 2)
+    assert accept_greedy([1, 2], greedy_ids(logits)) == (1, 0)
+    assert accept_greedy([], greedy_ids(logits)) == (0, 1)
 
 
 def test_heuristic_draft_len() -> None:

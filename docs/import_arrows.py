@@ -10,34 +10,14 @@ import counts, at module top or inside a function. Arrows inside a room are not 
 
 from __future__ import annotations
 
-import ast
 import sys
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALLED = {"omnidraft_deploy": "omnidraft_deploy", "runtime": "omnidraft_deploy.runtime",
-             "exporters": "omnidraft_deploy.exporters"}  # fmt: skip
-
-
-def modules() -> dict[str, Path]:
-    found = {}
-    for folder, package in INSTALLED.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            found[".".join((package, *parts)).removesuffix(".__init__")] = path
-    return found
-
-
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
-                    else node.module for a in node.names}  # fmt: skip
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-    return {m for m in out if m in known}
+sys.path.insert(0, str(ROOT / "tests" / "core"))
+# the layering test owns the module graph (every import, top level or in a function): one walker
+from test_layering import module_graph  # type: ignore[import-not-found]  # noqa: E402
 
 
 def room(module: str) -> str:
@@ -46,12 +26,12 @@ def room(module: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    known = modules()
-    arrows = {(m, t) for m, p in known.items() for t in imports(p, known) if room(m) != room(t)}
+    graph = module_graph()
+    arrows = {(m, t) for m, targets in graph.items() for t in targets if room(m) != room(t)}
     if "--modules" in argv:
         print("\n".join(f"{m} -> {t}" for m, t in sorted(arrows)))
         return 0
-    deps: dict[str, set[str]] = {room(m): set() for m in known}
+    deps: dict[str, set[str]] = {room(m): set() for m in graph}
     for m, t in arrows:
         deps[room(m)].add(room(t))
     try:

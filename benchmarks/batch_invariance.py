@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--every", type=int, default=4, help="every n-th benchmark prompt")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="reports/batch_invariance.json")
+    ap.add_argument("--out", default="reports/batch_invariance/batch_invariance.json")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -9,10 +9,10 @@ prompts with a fresh n-gram cache. Training runs the PyTorch step (``Transformer
 its parity with the exported ExecuTorch/ONNX steps is tested in tests/exporters.
 
 Drift: one stream whose task switches half-way (math -> code by default); acceptance per prompt of
-the frozen drafter vs the online one, plotted to reports/distill_drift.png.
+the frozen drafter vs the online one, plotted to reports/distill_table/distill_drift.png.
 
     .venv/bin/python benchmarks/distill_table.py [--n-adapt 24 --n-eval 6 --tasks math,code]
-Writes reports/distill_table.{json,md} and reports/distill_drift.png.
+Writes reports/distill_table/distill_table.{json,md} and distill_drift.png beside them.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class TableConfig:
     batch_size: int = 4
     steps_per_update: int = 4
     seq_len: int = 96
-    out_dir: str = "reports"
+    out_dir: str = "reports/distill_table"
     onnx_row: bool = True  # extra row trained through the exported ONNX train step
     sgd_lr: float = 0.01  # SGD learning rate of that row (0.05 diverges, 0.02 overfits)
     drift: tuple[str, ...] = ("math", "code")  # empty: no drift run

@@ -22,7 +22,7 @@ target teacher-forced over prompt + output and checks its argmax reproduces the 
 
     .venv/bin/python benchmarks/early_exit.py [--n-adapt 3 --n-eval 2 --max-new-tokens 32]
 
-Writes reports/early_exit.{json,md,png}; results are merged into the JSON as each (row, task) cell
+Writes reports/early_exit/early_exit.{json,md,png}; results are merged into the JSON as each (row, task) cell
 completes, so ``--rows before`` and ``--rows offline,online`` can run separately.
 """
 
@@ -79,7 +79,7 @@ class Config:
     guard: bool = True  # OnlineDistiller's held-out guard (AdaptConfig.guard)
     threads: int = 2
     check_target: bool = True
-    out_dir: str = "reports"
+    out_dir: str = "reports/early_exit"
 
 
 def _adapted(offline: Transformer, target: Transformer, mapper: Any, prompts: list[list[int]],
@@ -331,7 +331,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.set_ylim(0, 1)
         ax.legend()
-    fig.suptitle("smollm2-ee8 -> Qwen2.5-Coder-0.5B: before / offline / online (held-out prompts)")
+    meta = res.get("meta", {})
+    fig.suptitle(f"{meta.get('config', {}).get('drafter', 'smollm2-ee8')} -> "
+                 f"{meta.get('target', 'qwen2.5-0.5b')}: before / offline / online "
+                 "(held-out prompts)")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

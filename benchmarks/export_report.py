@@ -10,7 +10,7 @@ the model as one graph (role ``target``) into a temporary folder with the backen
 exporter, then reloads it (ONNX Runtime / ExecuTorch Runtime) and compares its logits with eager
 PyTorch over real prompts encoded with the model's own tokenizer (``exporters.verify``: prefill,
 single-token steps, a rollback). Peak RSS is the sampled peak of this process during the stage.
-Writes ``reports/export_report.json`` and ``.md``.
+Writes ``reports/export_report/export_report.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="reports/export_report")
+    ap.add_argument("--out", default="reports/export_report/export_report")
     ap.add_argument("--htp", action="store_true", help="qnn: also measure parity on the HTP")
     ap.add_argument("--prompts", type=int, default=3, help="shipped prompts parity reads")
     args = ap.parse_args()

@@ -13,7 +13,7 @@ This measures, in the fp32 eager sinked model, the residual stream's max |x| (ov
 channels) at position 0 for: the calibration prompts' first tokens (what calibration saw before),
 the windows' first tokens (what it sees now), the shipped prompts' first tokens (what verification
 reads; never calibrated on) and every distinct token of the held-out calibration text read alone.
-Writes ``reports/first_token_<model>.md`` and ``.png``.
+Writes ``reports/first_token/first_token_<model>.md`` and ``.png``.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
         xs = [v for v, _ in vals]
         top = ", ".join(f"{s!r} {v:.0f}" for v, s in vals[:3])
         lines.append(f"| {name} | {len(xs)} | {xs[len(xs) // 2]:.0f} | {xs[0]:.0f} | {top} |")
-    out = Path("reports")
+    out = Path("reports/first_token")
     out.mkdir(exist_ok=True)
     (out / f"first_token_{args.model}.md").write_text("\n".join(lines) + "\n")
     plot(found, out / f"first_token_{args.model}.png", args.model)

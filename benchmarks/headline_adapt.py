@@ -17,7 +17,7 @@ all three must be identical (checked, reported).
 
     .venv/bin/python benchmarks/headline_adapt.py [--n-adapt 16 --n-eval 6 --max-new-tokens 48]
 
-Writes reports/headline_adapt.{json,md,png}. Slow (the first run exports the 0.5B target to ONNX,
+Writes reports/headline_adapt/headline_adapt.{json,md,png}. Slow (the first run exports the 0.5B target to ONNX,
 ~2 GB, cached under the asset cache); needs ``omnidraft assets fetch --models``.
 """
 
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--out-dir", default="reports")
+    ap.add_argument("--out-dir", default="reports/headline_adapt")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(a.threads)
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     _write(res, Path(a.out_dir))
 
 
-def rewrite_report(out_dir: str = "reports") -> None:
+def rewrite_report(out_dir: str = "reports/headline_adapt") -> None:
     """Re-render the Markdown / PNG of ``out_dir/headline_adapt.json`` (no model runs)."""
     _write(json.loads((Path(out_dir) / "headline_adapt.json").read_text()), Path(out_dir))
 

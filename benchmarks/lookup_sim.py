@@ -9,7 +9,7 @@ would. Columns per task: target tokens per step (an upper bound on lookup's spee
 cost at least one target call), share of steps with a proposal, and accepted / proposed, for
 ``min_ngram`` 1 and 2 and for three histories: the prompt and output alone ("own"), plus the other
 prompts and outputs of the same task, plus those of every task (what ``keep_history`` carries in a
-session; a prompt never sees its own earlier output). Writes ``reports/lookup_sim.md``.
+session; a prompt never sees its own earlier output). Writes ``reports/lookup_sim/lookup_sim.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("reports/lookup_sim.md"))
+    ap.add_argument("--out", type=Path, default=Path("reports/lookup_sim/lookup_sim.md"))
     a = ap.parse_args()
     tok = load_tokenizer("qwen2")
     path, info, _ = op.verify_graph(op.TARGET, "target", a.target_quant)

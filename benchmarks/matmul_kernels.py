@@ -1,6 +1,6 @@
 """What one weight matmul costs on ONNX Runtime's CPU kernels as the call's row count T grows.
 
-    .venv/bin/python benchmarks/matmul_kernels.py [--threads 2] [--out reports/matmul_kernels.json]
+    .venv/bin/python benchmarks/matmul_kernels.py [--threads 2] [--out reports/matmul_kernels/matmul_kernels.json]
 
 Verification feeds T = 1 + proposals rows where decoding feeds 1, so a kernel's cost per extra row
 is the verification-width term of the cost model. Each single-node graph multiplies (1, T, K) by a
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("reports/matmul_kernels.json"))
+    ap.add_argument("--out", type=Path, default=Path("reports/matmul_kernels/matmul_kernels.json"))
     ap.add_argument("--work", type=Path, default=Path(".bench/matmul_kernels"))
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 Builds random caches (2-5 drafter ids per n-gram, Llama-2 -> Llama-3 vocabularies, LFU canonical
 order), encodes them with ``ngram.format.to_bytes`` and times ``from_bytes`` (vectorised varints,
 bulk build, GC paused) against the previous reader (``_read_entries`` + ``NGramCache.from_items``,
-GC on), side by side in one run, with the load average. Writes reports/ngram_load.{md,json}.
+GC on), side by side in one run, with the load average. Writes reports/ngram_load/ngram_load.{md,json}.
 
     .venv/bin/python benchmarks/ngram_load.py --sizes 250000 1000000 2000000 --old-max 250000
 """
@@ -51,7 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000, 2_000_000])
     ap.add_argument("--old-max", type=int, default=250_000, help="largest size for the old reader")
-    ap.add_argument("--out", default="reports/ngram_load")
+    ap.add_argument("--out", default="reports/ngram_load/ngram_load")
     args = ap.parse_args()
     rows = []
     for n in args.sizes:

@@ -12,7 +12,7 @@ computes, up to its int8 activation rounding). ``a16`` fake-quantises the input 
 (the residual stream) to 16 bits over the range calibrated on held-out text and, optionally,
 RMSNorm's ``x^2`` as the decomposed QDQ graph does; ``reference.rotate`` first folds the norm weights
 into the next linears and turns the residual stream by a seeded orthogonal matrix (exact in fp32).
-Writes ``reports/quant_probe_<study>_<model>.md``.
+Writes ``reports/quant_probe/quant_probe_<study>_<model>.md``.
 """
 
 from __future__ import annotations
@@ -235,7 +235,8 @@ def main() -> None:
              f"`benchmarks/quant_probe.py --study {args.study}`; teacher-forced top-1 vs fp32 "
              f"eager, {len(prompts)} shipped prompts, {sum(map(len, prompts))} rows.", "",
              "| variant | top-1 |", "|---|---|", *study(model, prompts, ref, spec.tokenizer), ""]  # fmt: skip
-    out = Path(f"reports/quant_probe_{args.study}_{args.model}.md")
+    out = Path(f"reports/quant_probe/quant_probe_{args.study}_{args.model}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), "utf-8")
     print("\n".join(lines))
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/real_pair.py prepare                 # export + verify graphs (cached)
     .venv/bin/python benchmarks/real_pair.py run --tasks code        # one timed chunk (quiet machine)
-    .venv/bin/python benchmarks/real_pair.py report                  # chunks -> reports/real_pair.*
+    .venv/bin/python benchmarks/real_pair.py report                  # chunks -> reports/real_pair/real_pair.*
 
 ``run`` (one chunk per task keeps each under the 15-minute QUIET window): loads the ORT graphs
 (``benchmarks/ort_pair.py``; sessions with explicit intra-op threads, no spinning; the target is
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-genai", action="store_true")
     p.add_argument("--chunk-dir", default=str(CHUNKS), help="where the chunk's JSON goes")
     p = sub.add_parser("report")
-    p.add_argument("--out-dir", default="reports")
+    p.add_argument("--out-dir", default="reports/real_pair")
     p.add_argument("--chunk-dir", default=str(CHUNKS))
     p.add_argument("--name", default="real_pair", help="report file stem")
     a = ap.parse_args(argv)

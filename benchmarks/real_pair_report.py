@@ -1,4 +1,4 @@
-"""Merge ``benchmarks/real_pair.py run`` chunks into ``reports/real_pair.{md,json}`` + a plot per task.
+"""Merge ``benchmarks/real_pair.py run`` chunks into ``reports/real_pair/real_pair.{md,json}`` + a plot per task.
 
 Per configuration and task: tokens/s, speedup vs our ORT target-only and vs ORT GenAI target-only,
 acceptance, target tokens per call, drafter cost ratio, predicted (cost model over the run's own

@@ -15,7 +15,7 @@ is its own ``ru_maxrss``), driven round-robin (engines alternate per measurement
 tok/s (``--prefill`` tokens from position 0), 1-token greedy decode tok/s (``--decode`` tokens
 after a ``--context``-token prompt), verify-call latency for T = 1..8 (median of ``--reps`` calls
 at the same position: a speculative verification, rolled back every time). Intra-op threads are
-explicit (``--threads``). Writes ``reports/runtime_speed.{json,md,png}``. Figures are ratios
+explicit (``--threads``). Writes ``reports/runtime_speed/runtime_speed.{json,md,png}``. Figures are ratios
 measured side by side in one run; nothing is asserted.
 """
 
@@ -450,7 +450,7 @@ def main() -> None:
     p.add_argument("--decode", type=int, default=24)
     p.add_argument("--prefill", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("reports/runtime_speed"))
+    p.add_argument("--out", type=Path, default=Path("reports/runtime_speed/runtime_speed"))
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.command == "prepare":

@@ -246,26 +246,12 @@ def runtime_speed_png(d: dict[str, Any], src: Path) -> list[Path]:
 
 
 def early_exit_png(d: dict[str, Any], src: Path) -> list[Path]:
-    plt, cells = _pyplot(), d["cells"]
-    rows = [r for r in ("before", "offline", "online") if r in cells]
-    tasks = [t for t in ("math", "code", "instruction", "summarisation")
-             if any(t in cells[r] for r in rows)]  # fmt: skip
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    cols = (("acceptance_rate", "acceptance"), ("teacher_forced_top1", "teacher-forced top-1"))
-    for ax, (key, title) in zip(axes, cols, strict=True):
-        for i, row in enumerate(rows):
-            vals = [cells[row].get(t, {}).get(key, 0.0) for t in tasks]
-            ax.bar([j + 0.27 * (i - 1) for j in range(len(tasks))], vals, 0.27, label=row)
-        ax.set_xticks(range(len(tasks)), tasks)
-        ax.set_title(title)
-        ax.set_ylim(0, 1)
-        ax.legend()
-    fig.suptitle(f"{d['meta']['config'].get('drafter')} -> {d['meta'].get('target')}: "
-                 "before / offline / online (held-out prompts)")  # fmt: skip
-    fig.tight_layout()
+    """The benchmark's own plot (``benchmarks/early_exit.plot``) from its JSON."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from early_exit import plot  # type: ignore[import-not-found]
+
     out = src.with_suffix(".png")
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    plot(d, out)
     return [out]
 
 

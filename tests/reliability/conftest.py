@@ -2,7 +2,7 @@
 
 Long mode (``OMNIDRAFT_RELIABILITY=long pytest -m "slow or not slow" tests/reliability``) runs
 >= 100k fuzz inputs per format and hundreds of kills, and merges every count the tests recorded
-(``record``) into ``reports/fuzz.json`` / ``reports/fuzz.md`` (one row per target, with the
+(``record``) into ``reports/fuzz/fuzz.json`` / ``reports/fuzz/fuzz.md`` (one row per target, with the
 commands that produced it). A long run can be split: ``OMNIDRAFT_FUZZ_SEEDS=a:b`` fuzzes input
 seeds a..b-1 only and ``OMNIDRAFT_KILL_SEED`` / ``OMNIDRAFT_KILLS`` pick a kill run's seed and
 count; each (target, seeds) part is stored on its own, a rerun of the same part replaces it, and
@@ -15,14 +15,18 @@ import fcntl
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
+from render_reports import fuzz_md  # type: ignore[import-not-found]  # noqa: E402
+
 LONG = os.environ.get("OMNIDRAFT_RELIABILITY") == "long"
-REPORTS = Path(__file__).resolve().parents[2] / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports" / "fuzz"
 RESULTS: dict[str, dict[str, Any]] = {}
 
 
@@ -97,34 +101,10 @@ def merge(old: dict[str, Any], new: dict[str, dict[str, Any]], run: dict[str, An
     return {"runs": runs, "parts": parts, "results": results}
 
 
-def _markdown(merged: dict[str, Any]) -> str:
-    cols = ["inputs", "accepted", "rejected", "crashes", "invalid_accepted", "kills",
-            "killed_mid_write", "finished_before_kill", "bundles_missing", "partial_validated", "junk_after_next_run",
-            "seconds", "run"]  # fmt: skip
-    lines = ["# Reliability: fuzzing and SIGKILL runs (long mode)", "",
-             "| target | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]  # fmt: skip
-    for name, row in sorted(merged["results"].items()):
-        cells = [str(round(row[c], 1) if isinstance(row.get(c), float) else row.get(c, "-"))
-                 for c in cols]  # fmt: skip
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "Parts (seeds of each row; a row is the sum of its parts):", ""]
-    for name, parts in sorted(merged["parts"].items()):
-        lines.append(f"- {name}: " + "; ".join(
-            f"{p} ({row.get('inputs', row.get('kills'))}, run {row['run']})"
-            for p, row in parts.items()))  # fmt: skip
-    lines += ["", "Runs (the `run` column; a run whose parts were all rerun is superseded):", ""]
-    used = {row["run"] for parts in merged["parts"].values() for row in parts.values()}
-    for i, r in enumerate(merged["runs"]):
-        lines.append(f"{i}. `{r['command']}` ({r['date']}, {r['machine']}, load average "
-                     f"{r['load_before']} before, {r['load_after']} after)"
-                     + ("" if i in used else " (superseded)"))  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
 @pytest.fixture(scope="session", autouse=True)
 def reliability_report(request: pytest.FixtureRequest) -> Any:
-    """Long mode: merge this session's parts into reports/fuzz.json (``merge``) and rewrite
-    reports/fuzz.md from all rows."""
+    """Long mode: merge this session's parts into reports/fuzz/fuzz.json (``merge``) and rewrite
+    reports/fuzz/fuzz.md from all rows (``docs/render_reports.fuzz_md``, as ``make reports`` does)."""
     load_before = os.getloadavg()
     yield
     if not LONG or not RESULTS:
@@ -143,13 +123,13 @@ def reliability_report(request: pytest.FixtureRequest) -> Any:
         "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg()),
     }
     path = REPORTS / "fuzz.json"
-    REPORTS.mkdir(exist_ok=True)
+    REPORTS.mkdir(parents=True, exist_ok=True)
     lock = os.open(REPORTS, os.O_RDONLY)  # parts may finish at the same time
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = json.loads(path.read_text()) if path.is_file() else {"runs": [], "parts": {}}
         merged = merge(old, RESULTS, run)
         path.write_text(json.dumps(merged, indent=2) + "\n")
-        (REPORTS / "fuzz.md").write_text(_markdown(merged))
+        (REPORTS / "fuzz.md").write_text(fuzz_md(merged, path))  # the one fuzz.md writer
     finally:
         os.close(lock)

@@ -162,18 +162,39 @@ def _llamacpp(gguf: Path, threads: int, max_new: int) -> Any:
     return run
 
 
+def _spinning_sessions(bundle: OpenBundle, threads: int) -> None:
+    """Reopen both graphs with ONNX Runtime's default spinning thread pools (what the runtime did
+    before issue 26), to measure what not spinning buys inside the decode loop."""
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    for role in ("target", "drafter"):
+        info = bundle.manifest.graphs[role]
+        decode = None if info.decode_file is None else bundle.root / info.decode_file
+        model = OrtModel(bundle.root / info.file, info, decode=decode, threads=threads,
+                         spinning=None)  # fmt: skip
+        setattr(bundle, role, model)
+
+
 def cmd_run(a: argparse.Namespace) -> None:
     load0, t0 = os.getloadavg(), time.perf_counter()
     bundle = open_bundle(a.bundle, threads=a.threads)
     family = open_bundle(a.family_bundle, threads=a.threads) if a.family_bundle else None
+    if a.ort_spinning == "default":
+        _spinning_sessions(bundle, a.threads)
     profs = _profiles(bundle, family, a.reps)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     prompts = load_prompts(tok, a.tasks.split(","), a.per_task)
     meths = methods(a, bundle, family, profs)
+    if a.methods:
+        keep = a.methods.split(",")
+        unknown = sorted(set(keep) - set(meths))
+        if unknown:
+            raise SystemExit(f"unknown methods {unknown}; choose from {sorted(meths)}")
+        meths = {n: f for n, f in meths.items() if n in keep}
     start = os.getloadavg()
     res = rp.run_side_by_side(meths, prompts, repeats=a.repeats, warmup=True)
     target = bundle.manifest.graphs["target"]
-    meta = {"tasks": a.tasks, "threads": a.threads, "target_quant": target.quantization,
+    meta = {"tasks": a.tasks, "threads": a.threads, "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
             "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle,
             "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "modes": a.modes,
             "load_s": round(time.perf_counter() - t0, 1), "load_avg_run_start": load0,
@@ -273,6 +294,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--reps", type=int, default=5, help="profile repeats (interleaved)")
     p.add_argument("--modes", default="greedy", help="greedy,exact")
+    p.add_argument("--methods", default="", help="only these rows (comma-separated names)")
+    p.add_argument(
+        "--ort-spinning",
+        choices=("off", "default"),
+        default="off",
+        help="ONNX Runtime thread pools: off (the runtime's sessions) or ORT's default",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk", default="0")
     p.add_argument("--chunk-dir", default=".bench/real_pair_bundle")

@@ -5,7 +5,7 @@ MatMulNBits) and verified against eager PyTorch before use, under the recipe's t
 (``verify_graph``: top-1 agreement >= the recipe's ``min_top1``; the max |logit diff| is recorded,
 not gated, since greedy decoding only reads the argmax and every output is compared with our ORT
 target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions have
-explicit intra-op threads, no spinning and their weights on huge pages (``ort_graph``).
+explicit intra-op threads, spinning only inside a call, and their weights on huge pages (``ort_graph``).
 
 Methods (``real_pair.RunFn``): ``ours_target`` (target-only on the ORT target graph);
 ``ours_<drafter>`` (cost-aware drafting with that drafter, no lookup); ``ours_lookup`` (lookup
@@ -153,12 +153,12 @@ def _export_and_verify(source: str, role: str, quant: str, out: Path, max_seq_le
 
 
 def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
-    """``OrtModel`` with explicit threads and no spinning (target and drafter sessions alternate
-    on the same cores), its weights on huge pages as ``OrtModel`` puts them by default
+    """``OrtModel`` with explicit threads and its pools spinning only inside a call (target and
+    drafter sessions alternate on the same cores), its weights on huge pages as ``OrtModel`` puts them by default
     (``omnidraft_deploy.hugepages``; 10-13% faster decoding here, both roles)."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    return OrtModel(path, info, threads=threads, spinning=False)
+    return OrtModel(path, info, threads=threads)
 
 
 def mapper_for(drafter_tok: str, target_tok: Any) -> tuple[VocabMapper, Any]:

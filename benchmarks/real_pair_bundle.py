@@ -162,16 +162,19 @@ def _llamacpp(gguf: Path, threads: int, max_new: int) -> Any:
     return run
 
 
-def _spinning_sessions(bundle: OpenBundle, threads: int) -> None:
-    """Reopen both graphs with ONNX Runtime's default spinning thread pools (what the runtime did
-    before issue 26), to measure what not spinning buys inside the decode loop."""
+def _spinning_sessions(bundle: OpenBundle, threads: int, spinning: str) -> None:
+    """Reopen both graphs with another thread-pool wait (``onnx_host.Spin``; "default": ORT's
+    defaults, what the runtime did before issue 26) to measure its cost inside the decode loop."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
+    from omnidraft_deploy.host.onnx_host import Spin
+
+    spin = None if spinning == "default" else Spin(spinning)
     for role in ("target", "drafter"):
         info = bundle.manifest.graphs[role]
         decode = None if info.decode_file is None else bundle.root / info.decode_file
         model = OrtModel(bundle.root / info.file, info, decode=decode, threads=threads,
-                         spinning=None)  # fmt: skip
+                         spinning=spin)  # fmt: skip
         setattr(bundle, role, model)
 
 
@@ -179,8 +182,8 @@ def cmd_run(a: argparse.Namespace) -> None:
     load0, t0 = os.getloadavg(), time.perf_counter()
     bundle = open_bundle(a.bundle, threads=a.threads)
     family = open_bundle(a.family_bundle, threads=a.threads) if a.family_bundle else None
-    if a.ort_spinning == "default":
-        _spinning_sessions(bundle, a.threads)
+    if a.ort_spinning != "in-call":  # the runtime's sessions are opened so
+        _spinning_sessions(bundle, a.threads, a.ort_spinning)
     profs = _profiles(bundle, family, a.reps)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     prompts = load_prompts(tok, a.tasks.split(","), a.per_task)
@@ -297,9 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default="", help="only these rows (comma-separated names)")
     p.add_argument(
         "--ort-spinning",
-        choices=("off", "default"),
-        default="off",
-        help="ONNX Runtime thread pools: off (the runtime's sessions) or ORT's default",
+        choices=("in-call", "off", "on", "default"),
+        default="in-call",
+        help="ONNX Runtime pools spin: in-call (the runtime's sessions), off, on, ORT's default",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk", default="0")

@@ -6,12 +6,11 @@ and their logits straight into the array this class returns) and static-T chunki
 (``forward(token_ids, start_pos)``).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
-threads (None: ORT's default, one per physical core), ``spinning`` (default False: a drafter
-and a target take turns on the same cores, and a pool left spinning after its call steals the
-core the other session's call needs: on 2 cores, Qwen2.5-Coder-1.5B w8a8 + SmolLM2-135M int8,
-a target call right after a drafter call took 156 ms with ORT's default spinning against 107 ms
-without, and the drafter call 25 ms against 14 ms (``benchmarks/real_pair_bundle.py``, issue
-26); None: ORT's threading defaults), and
+threads (None: ORT's default, one per physical core), ``spinning`` (default
+``Spin.IN_CALL``: a drafter and a target take turns on the same cores; a pool left spinning
+after its call steals the cores the other session's call needs, a pool that never spins pays a
+wake-up per op; ``host.onnx_host.cpu_session`` and docs/results/decoding.md give the measured
+decode speeds of the three; None: ORT's threading defaults), and
 ``huge_pages`` (default on): the session's weights are moved onto transparent huge pages
 (``omnidraft_deploy.host.hugepages``: measured ~10% faster memory-bound decoding, ~1 s more load).
 """
@@ -27,7 +26,9 @@ from omnidraft_deploy.runtime.base import RuntimeModel
 from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
 from omnidraft_deploy.bundle.manifest import GraphInfo
 from omnidraft_deploy.host.hugepages import on_huge_pages
-from omnidraft_deploy.host.onnx_host import cpu_session
+from omnidraft_deploy.host.onnx_host import Spin, cpu_session
+
+RUNTIME_SPIN = Spin.IN_CALL  # how the runtime's sessions wait (part of a profile's fingerprint)
 
 
 class OrtModel(RuntimeModel):
@@ -41,7 +42,7 @@ class OrtModel(RuntimeModel):
         session: Any | None = None,
         decode: Path | Any | None = None,
         threads: int | None = None,
-        spinning: bool | None = False,
+        spinning: Spin | None = RUNTIME_SPIN,
         huge_pages: bool = True,
     ) -> None:
         """``decode``: a static-T graph's T = 1 twin (``GraphInfo.decode_file``), a session or a

@@ -54,13 +54,16 @@ def cpu_model() -> str:
 
 def fingerprint(bundle: OpenBundle) -> str:
     """What a profile was measured on: the bundle's graphs (their sha256 in the manifest), the
-    provider, and the machine (CPU model, logical CPUs, ONNX Runtime and torch versions)."""
+    provider, the machine (CPU model, logical CPUs, ONNX Runtime and torch versions) and how the
+    runtime's sessions wait between ops (``onnxruntime_model.RUNTIME_SPIN``)."""
     import onnxruntime
     import torch
+    from omnidraft_deploy.runtime.onnxruntime_model import RUNTIME_SPIN
 
     graphs = {r: bundle.manifest.files[g.file].sha256 for r, g in bundle.manifest.graphs.items()}
     key = {"graphs": graphs, "provider": bundle.provider, "cpu": cpu_model(),
-           "cpus": os.cpu_count(), "ort": onnxruntime.__version__, "torch": torch.__version__}  # fmt: skip
+           "cpus": os.cpu_count(), "ort": onnxruntime.__version__, "torch": torch.__version__,
+           "spin": str(RUNTIME_SPIN)}  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

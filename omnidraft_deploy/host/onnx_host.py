@@ -7,6 +7,7 @@ runtime all open their sessions here. ONNX Runtime and its QNN plugin are import
 from __future__ import annotations
 
 import tempfile
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,23 @@ def require_onnxruntime() -> Any:
     return require("onnxruntime", extra="onnx", purpose="the onnx backend")
 
 
-def cpu_session(path: Path, *, threads: int | None = None, spinning: bool | None = None) -> Any:
+class Spin(StrEnum):
+    """How a session's pool threads wait for work (``cpu_session``)."""
+
+    ON = "on"  # spin between ops and on after the call returns (ORT's default)
+    OFF = "off"  # never spin: a thread sleeps between ops and is woken for the next
+    IN_CALL = "in-call"  # spin between ops, stop when the call returns (force_spinning_stop)
+
+
+def cpu_session(path: Path, *, threads: int | None = None, spinning: Spin | None = None) -> Any:
     """ONNX Runtime session on the CPU execution provider, warnings off; ``threads``: intra-op
     threads (None: ORT's default, one per physical core). ``spinning`` None: ORT's threading
-    defaults; True / False: one inter-op thread, sequential execution, and thread-pool
-    spin-waiting on / off (off when sessions share the cores: ``profile.ort_session``)."""
+    defaults; a ``Spin``: one inter-op thread, sequential execution, and that wait.
+
+    Two sessions that take turns on the same cores (a drafter and a target) want ``IN_CALL``:
+    with ``ON`` the pool left spinning after one session's call steals the cores the other's
+    call needs; with ``OFF`` every op pays a wake-up (``benchmarks/real_pair_bundle.py
+    --ort-spinning``, docs/results/decoding.md)."""
     ort = require_onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -31,7 +44,10 @@ def cpu_session(path: Path, *, threads: int | None = None, spinning: bool | None
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         for pool in ("intra_op", "inter_op"):
-            opts.add_session_config_entry(f"session.{pool}.allow_spinning", str(int(spinning)))
+            allow = str(int(spinning is not Spin.OFF))
+            opts.add_session_config_entry(f"session.{pool}.allow_spinning", allow)
+        stop = str(int(spinning is Spin.IN_CALL))
+        opts.add_session_config_entry("session.force_spinning_stop", stop)
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 

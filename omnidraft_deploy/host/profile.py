@@ -9,8 +9,9 @@ bundle's session folder (``state.state_dir``: never into the hashed bundle; ``ru
 opens the bundle), where ``load_profile`` finds it for the decoder.
 
 ONNX Runtime threading is explicit (``ort_session``): intra-op threads = physical cores (2 here),
-one inter-op thread, and no spin-waiting, because a spinning ORT thread pool on a shared machine
-burns the cores other processes need (an oversubscribed run here fell to 0.17 tok/s).
+one inter-op thread, and spin-waiting only inside a call (``onnx_host.Spin.IN_CALL``), because a
+pool left spinning after its call burns the cores other sessions and processes need (an
+oversubscribed run here fell to 0.17 tok/s).
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ def physical_cores() -> int:
     return len(ids) or os.cpu_count() or 1
 
 
-def ort_session(path: Path, *, threads: int | None = None, spinning: bool = False) -> Any:
+def ort_session(path: Path, *, threads: int | None = None) -> Any:
     """CPU ORT session with explicit threading (module docstring)."""
-    from omnidraft_deploy.host.onnx_host import cpu_session
+    from omnidraft_deploy.host.onnx_host import Spin, cpu_session
 
-    return cpu_session(path, threads=threads or physical_cores(), spinning=spinning)
+    return cpu_session(path, threads=threads or physical_cores(), spinning=Spin.IN_CALL)
 
 
 def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:

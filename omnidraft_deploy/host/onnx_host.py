@@ -26,18 +26,21 @@ class Spin(StrEnum):
     IN_CALL = "in-call"  # spin between ops, stop when the call returns (force_spinning_stop)
 
 
-def cpu_session(path: Path, *, threads: int | None = None, spinning: Spin | None = None) -> Any:
+def cpu_session(
+    path: Path, *, threads: int | None = None, spinning: Spin | None = None, profile: bool = False
+) -> Any:
     """ONNX Runtime session on the CPU execution provider, warnings off; ``threads``: intra-op
     threads (None: ORT's default, one per physical core). ``spinning`` None: ORT's threading
     defaults; a ``Spin``: one inter-op thread, sequential execution, and that wait.
 
     Two sessions that take turns on the same cores (a drafter and a target) want ``IN_CALL``:
     with ``ON`` the pool left spinning after one session's call steals the cores the other's
-    call needs; with ``OFF`` every op pays a wake-up (``benchmarks/real_pair_bundle.py
-    --ort-spinning``, docs/results/decoding.md)."""
+    call needs; with ``OFF`` every op pays a wake-up (``benchmarks/pair_calls.py``,
+    docs/results/decoding.md). ``profile``: ORT's per-operator profiler on."""
     ort = require_onnxruntime()
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.enable_profiling = profile
     if threads is not None:
         opts.intra_op_num_threads = threads
     if spinning is not None:

@@ -1,0 +1,95 @@
+"""``omnidraft run --stats`` as a user runs it: time to the first generated text, and the speedup.
+
+Runs the command ``--runs`` times on one state folder (the first run measures the cost profile
+and records the file hashes there; later runs reuse both), each a fresh process, and records for
+each: seconds from the process start to the first byte of generated text on stdout, the wall time,
+and the ``--stats`` JSON (speedup against target-only decoded in the same process, acceptance,
+host overhead).
+
+    python benchmarks/run_stats.py --bundle bundles/q15-w8a8 --runs 3 --name palindrome
+
+Writes ``reports/run_stats/<name>.{json,md}`` (command, git revision, CPU, load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.runtime.profile import cpu_model
+
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+
+PALINDROME = ("Write a Python function that checks whether a string is a palindrome, ignoring "
+              "case and punctuation.")  # fmt: skip
+CLI = Path(sys.executable).parent / "omnidraft"
+
+
+def one_run(bundle: Path, state: Path, prompt: str, max_new: int) -> dict[str, Any]:
+    argv = [str(CLI), "run", str(bundle), "--chat", "--prompt", prompt, "--max-new-tokens",
+            str(max_new), "--stats", "--state", str(state)]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    first_s = time.perf_counter() - t0
+    text = (first + proc.stdout.read()).decode("utf-8", "replace")
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.wait() != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {err[-2000:]}")
+    stats = json.loads([ln for ln in err.splitlines() if ln.startswith("{")][-1])
+    return {"first_output_s": round(first_s, 2), "wall_s": round(time.perf_counter() - t0, 2),
+            "stats": stats, "text": text}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--prompt", default=PALINDROME)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--name", default="palindrome")
+    a = p.parse_args(argv)
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory() as state:
+        runs = []
+        for i in range(a.runs):
+            runs.append(one_run(a.bundle, Path(state), a.prompt, a.max_new_tokens))
+            print(f"run {i + 1}/{a.runs}: {json.dumps({k: v for k, v in runs[-1].items() if k != 'text'})}",
+                  file=sys.stderr)  # fmt: skip
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    meta = {"command": " ".join(["python", *sys.argv]), "revision": rev.stdout.strip(),
+            "cpu": cpu_model(), "cpus": os.cpu_count(), "bundle": str(a.bundle),
+            "prompt": a.prompt, "max_new_tokens": a.max_new_tokens, "load_avg_start": load0,
+            "load_avg_end": os.getloadavg(), "utc_end": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # fmt: skip
+    out = Path("reports/run_stats")
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / f"{a.name}.json", json.dumps({"meta": meta, "runs": runs}, indent=1))
+    rows = [f"# `omnidraft run --stats` on {a.bundle}\n",
+            f"`{meta['command']}` (rev {meta['revision']}, {meta['cpu']}, load "
+            f"{load0[0]:.2f} -> {meta['load_avg_end'][0]:.2f}, ended {meta['utc_end']} UTC). "
+            f"Prompt (chat template): {a.prompt!r}, {a.max_new_tokens} new tokens; one state "
+            "folder, so run 1 measures the cost profile and hashes the files, later runs reuse "
+            "both.\n",
+            "| run | first text (s from process start) | wall (s) | speedup vs target-only | "
+            "acceptance | target tokens / call | host overhead (s) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for i, r in enumerate(runs, 1):
+        s = r["stats"]
+        rows.append(f"| {i} | {r['first_output_s']} | {r['wall_s']} | "
+                    f"{s.get('speedup_vs_target_only')}x | {s.get('acceptance_rate')} | "
+                    f"{s.get('tokens_per_target_call')} | {s.get('overhead_s')} |")  # fmt: skip
+    rows += ["", "Text of the last run:", "", "```", runs[-1]["text"].strip(), "```"]
+    write_text_atomic(out / f"{a.name}.md", "\n".join(rows) + "\n")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

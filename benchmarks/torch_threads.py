@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ from omnidraft_deploy.distill.pretrain import (
     tokenize_corpus,
     train_compact,
 )
-from omnidraft_deploy.host.threads import THREADS_ENV
+from omnidraft_deploy.host.threads import THREADS_ENV, FreeCoreThreads
 from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.vocab.pair import load_pair_vocab
 
@@ -106,12 +107,16 @@ def measure(run: Callable[[], float], setting: str, busy: bool) -> dict[str, Any
     proc = subprocess.Popen([sys.executable, "-c", BUSY]) if busy else None
     try:
         time.sleep(0.5 if busy else 0.0)  # the busy process is running before we start
+        others = FreeCoreThreads()
+        others.mark()  # the CPU share other processes take during the run
         seconds = run()
+        taken = others.others_cores()
     finally:
         if proc is not None:
             proc.kill()
             proc.wait()
     return {"setting": setting, "busy": busy, "step_s": round(seconds, 4),
+            "others_cores": None if taken is None else round(taken, 2),
             "load": os.getloadavg()[0]}  # fmt: skip
 
 
@@ -127,12 +132,18 @@ def report_md(result: dict[str, Any]) -> str:
     ]
     for name, rows in result["workloads"].items():
         for setting in SETTINGS:
-            alone, busy = (next(r for r in rows if r["setting"] == setting and r["busy"] is b)
+            alone, busy = (statistics.median(r["step_s"] for r in rows
+                                             if r["setting"] == setting and r["busy"] is b)
                            for b in (False, True))  # fmt: skip
-            lines.append(f"| {name} | {setting} | {alone['step_s'] * 1e3:.0f} ms | "
-                         f"{busy['step_s'] * 1e3:.0f} ms | {busy['step_s'] / alone['step_s']:.1f}x |")  # fmt: skip
-    loads = [r["load"] for rows in result["workloads"].values() for r in rows]
-    lines += ["", f"Load average (1 min) across the rows: {min(loads):.2f} - {max(loads):.2f}."]
+            lines.append(f"| {name} | {setting} | {alone * 1e3:.0f} ms | {busy * 1e3:.0f} ms | "
+                         f"{busy / alone:.1f}x |")  # fmt: skip
+    rows = [r for rows in result["workloads"].values() for r in rows]
+    loads = [r["load"] for r in rows]
+    quiet = [r["others_cores"] for r in rows if not r["busy"] and r["others_cores"] is not None]
+    lines += ["", f"Medians of {result['meta']['rounds']} rounds. Load average (1 min) across "
+              f"the rows: {min(loads):.2f} - {max(loads):.2f}; CPU other processes took during "
+              f"the 'alone' rows: {min(quiet, default=0):.2f} - {max(quiet, default=0):.2f} cores "
+              "(beside the busy process: its 1 core plus that)."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -140,6 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pretrain-steps", type=int, default=12)
     ap.add_argument("--updates", type=int, default=3, help="OnlineDistiller.update calls")
+    ap.add_argument("--rounds", type=int, default=2, help="medians over this many rounds")
     ap.add_argument("--out", default="reports/torch_threads")
     args = ap.parse_args()
     workloads = {"pretrain": pretrain_workload(args.pretrain_steps),
@@ -147,14 +159,15 @@ def main() -> None:
     for run in workloads.values():
         run()  # warm-up: imports, allocator, first-touch pages
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in workloads}
-    for name, run in workloads.items():
-        for setting in SETTINGS:
-            for busy in (False, True):
-                rows[name].append(measure(run, setting, busy))
-                print(name, rows[name][-1], flush=True)
+    for _ in range(args.rounds):  # round-robin: a slow patch of the machine hits every setting
+        for name, run in workloads.items():
+            for setting in SETTINGS:
+                for busy in (False, True):
+                    rows[name].append(measure(run, setting, busy))
+                    print(name, rows[name][-1], flush=True)
     meta = {"command": "benchmarks/torch_threads.py " + " ".join(sys.argv[1:]),
             "torch": torch.__version__, "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(), "rounds": args.rounds,
             "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     result = {"meta": meta, "workloads": rows}
     out = Path(args.out)

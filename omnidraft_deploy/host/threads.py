@@ -101,6 +101,11 @@ class FreeCoreThreads:
             self._recount()
         return self.threads
 
+    def mark(self) -> None:
+        """Start a window now: ``others_cores()`` then reads the share taken since (benchmarks
+        record how quiet the machine was)."""
+        self._last = self._look()
+
     def others_cores(self) -> float | None:
         """Cores' worth of CPU time other processes used since the last look (0 .. len(cpus));
         None when there is no last look or it is under ``MIN_WINDOW_S`` old (jiffies of 10 ms

@@ -1,14 +1,15 @@
 # Two entry points for a fresh machine (see README):
-#   make demo   -> create .venv, fetch pinned assets, train (once, cached) the small default pair,
-#                  export + validate + run its ONNX bundle, benchmark it (make demo-backends: all
-#                  three backends on the tiny twins)
+#   make demo   -> create .venv, fetch pinned assets and models, export + validate the real
+#                  SmolLM2-135M -> Qwen2.5-Coder-0.5B ONNX bundle, run a code edit and a summary
+#                  against target-only (make demo-toy: the pair trained here; make demo-backends:
+#                  all three backends on the tiny twins)
 #   make test   -> create .venv, fetch pinned assets, lint, type-check, run the test suite
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 BUNDLES ?= bundles
 
-.PHONY: venv assets java-deps demo demo-backends test lint slow clean reports
+.PHONY: venv assets models java-deps demo demo-toy demo-backends test lint slow clean reports
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,25 +24,53 @@ venv: $(BIN)/.installed
 assets: venv
 	$(BIN)/omnidraft assets fetch
 
-# The default pair is trained here (distill/pretrain.py) on the offline corpus on first use and
-# cached under ~/.cache/omnidraft-deploy/pretrained: so the text is readable and the drafter is
-# accepted. The target trains first; the drafter then also learns the target's own greedy text
-# (sequence-level KD, distill/seqkd.py). The random-weight tiny-* twins stay for the fast tests.
-DEMO_TARGET  ?= trained-llama3-demo
-DEMO_DRAFTER ?= trained-llama2-demo
-DEMO_PROMPT  ?= Question: Tom has 3 apples and buys 5 more. How many apples does he have?
+# make demo: a real pair. SmolLM2-135M-Instruct (Llama tokenizer, 49k) drafts for
+# Qwen2.5-Coder-0.5B-Instruct (Qwen2 tokenizer, 152k): both pinned GGUFs (`assets fetch --models`),
+# exported as one int8 ONNX bundle, validated against the eager target's recorded output, then two
+# prompts (a code edit, a summary) each run speculatively and target-only (`run --stats`: speedup,
+# acceptance, identical?). Everything it writes goes under $(BUNDLES)/ (git-ignored) and the user
+# state folder; the measured run is quoted in README.md.
+DEMO_TARGET  ?= qwen2.5-0.5b
+DEMO_DRAFTER ?= smollm2-135m
+DEMO_QUANT   ?= int8
+DEMO_TOKENS  ?= 96
+DEMO_PROMPTS ?= omnidraft_deploy/data
 DEMO         := $(BUNDLES)/demo
+EXPORT_FLAGS ?=
+VALIDATE_TOKENS ?= 16
 
-demo: assets
+models: venv
+	$(BIN)/omnidraft assets fetch --models
+
+demo: models
 	@mkdir -p $(BUNDLES) && date +%s > $(BUNDLES)/.demo-start
-	$(BIN)/omnidraft presets
 	$(BIN)/omnidraft-export --target $(DEMO_TARGET) --drafter $(DEMO_DRAFTER) --backend onnx \
-	  --out $(DEMO)-onnx
-	$(BIN)/omnidraft validate $(DEMO)-onnx
-	$(BIN)/omnidraft run $(DEMO)-onnx --prompt "$(DEMO_PROMPT)" --max-new-tokens 48 --stats
-	$(BIN)/omnidraft bench --target $(DEMO_TARGET) --drafter $(DEMO_DRAFTER) --max-new-tokens 32
+	  --quantization $(DEMO_QUANT) --out $(DEMO) --force $(EXPORT_FLAGS)
+	$(BIN)/omnidraft validate $(DEMO) --max-new-tokens $(VALIDATE_TOKENS)
+	$(BIN)/omnidraft run $(DEMO) --chat --prompt-file $(DEMO_PROMPTS)/demo_code_edit.txt \
+	  --max-new-tokens $(DEMO_TOKENS) --stats
+	$(BIN)/omnidraft run $(DEMO) --chat --prompt-file $(DEMO_PROMPTS)/demo_summary.txt \
+	  --max-new-tokens $(DEMO_TOKENS) --stats
 	@echo "make demo: done in $$(( $$(date +%s) - $$(cat $(BUNDLES)/.demo-start) )) s (after the venv)"
-	@echo "next: omnidraft adapt $(DEMO)-onnx (online adaptation to the prompt set; minutes), make demo-backends"
+	@echo "next: omnidraft run $(DEMO) --chat --prompt '...', omnidraft adapt $(DEMO), make demo-toy"
+
+# make demo-toy: the small pair trained here (distill/pretrain.py) on the offline corpus on first use
+# (minutes) and cached under ~/.cache/omnidraft-deploy/pretrained; the target trains first, the
+# drafter then also learns the target's own greedy text (sequence-level KD, distill/seqkd.py).
+# The tests use the random-weight tiny-* twins.
+TOY_TARGET  ?= trained-llama3-demo
+TOY_DRAFTER ?= trained-llama2-demo
+TOY_PROMPT  ?= Question: Tom has 3 apples and buys 5 more. How many apples does he have?
+TOY         := $(BUNDLES)/demo-toy
+TOY_TOKENS  ?= 32
+
+demo-toy: assets
+	$(BIN)/omnidraft-export --target $(TOY_TARGET) --drafter $(TOY_DRAFTER) --backend onnx \
+	  --out $(TOY)-onnx --force $(EXPORT_FLAGS)
+	$(BIN)/omnidraft validate $(TOY)-onnx --max-new-tokens $(VALIDATE_TOKENS)
+	$(BIN)/omnidraft run $(TOY)-onnx --prompt "$(TOY_PROMPT)" --max-new-tokens $(TOY_TOKENS) --stats
+	$(BIN)/omnidraft bench --target $(TOY_TARGET) --drafter $(TOY_DRAFTER) \
+	  --max-new-tokens $(TOY_TOKENS) --out $(BUNDLES)/reports
 
 # every backend on the random-weight tiny twins (export parity, validate; fast)
 demo-backends: assets
@@ -68,8 +97,7 @@ java-deps:
 test: assets lint java-deps
 	$(BIN)/pytest
 
-slow: assets
-	$(BIN)/omnidraft assets fetch --models
+slow: models
 	$(BIN)/pytest -m slow
 
 # re-render reports/<benchmark>/*.md and *.png from the JSON beside them (docs/render_reports.py;

@@ -29,6 +29,8 @@ from omnidraft_deploy.exporters.qnn.lm_head import drop_unused_initializers
 from omnidraft_deploy.exporters.quant.gptq import gptq_per_channel, input_hessians
 from torch import nn
 
+from omnidraft_deploy.host.threads import FreeCoreThreads
+
 log = logging.getLogger(__name__)
 KINDS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 Grids = dict[bytes, tuple[float, int]]  # row bytes digest -> (scale, zero point)
@@ -79,14 +81,16 @@ def gptq_linears(model: nn.Module, prompts: list[list[int]]) -> Grids:
     hess = input_hessians(model, prompts, KINDS)
     modules = dict(model.named_modules())
     grids: Grids = {}
-    for name, h in hess.items():
-        lin = modules[name]
-        assert isinstance(lin, nn.Linear)
-        codes, scale, zp = gptq_per_channel(lin.weight.detach().float(), h)
-        w = (codes - zp[:, None]) * scale[:, None]
-        lin.weight = nn.Parameter(w, requires_grad=False)
-        for row, s, z in zip(w.numpy(), scale.tolist(), zp.tolist(), strict=True):
-            grids[_key(row)] = (s, int(z))
+    with FreeCoreThreads() as threads:
+        for name, h in hess.items():
+            threads.adjust()
+            lin = modules[name]
+            assert isinstance(lin, nn.Linear)
+            codes, scale, zp = gptq_per_channel(lin.weight.detach().float(), h)
+            w = (codes - zp[:, None]) * scale[:, None]
+            lin.weight = nn.Parameter(w, requires_grad=False)
+            for row, s, z in zip(w.numpy(), scale.tolist(), zp.tolist(), strict=True):
+                grids[_key(row)] = (s, int(z))
     log.info("GPTQ: %d linears, %d rows on fixed per-channel grids", len(hess), len(grids))
     return grids
 

@@ -82,12 +82,16 @@ def input_stats(
 
 def forward_prompts(model: Any, prompts: list[list[int]], handles: list[Any]) -> None:
     """One eager forward of ``model`` per prompt (calibration statistics come from the forward
-    hooks behind ``handles``), which are removed afterwards, errors included."""
+    hooks behind ``handles``), which are removed afterwards, errors included; torch runs one
+    thread per free core (``host.threads``)."""
     import torch
 
+    from omnidraft_deploy.host.threads import FreeCoreThreads
+
     try:
-        with torch.no_grad():
+        with torch.no_grad(), FreeCoreThreads() as threads:
             for ids in prompts:
+                threads.adjust()
                 model(torch.tensor([ids]), torch.arange(len(ids)))
     finally:
         for h in handles:

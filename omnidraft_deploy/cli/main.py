@@ -126,31 +126,56 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from omnidraft_deploy.speculative.drafter import Mode
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
+    prompt = _prompt_text(args.prompt, args.prompt_file)
     state = _state(args.bundle, args.state)
     bundle = open_bundle(args.bundle, provider=args.provider, state=state,
                          trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
-    text = (
-        render_chat(getattr(tok, "chat_template", None), args.prompt) if args.chat else args.prompt
-    )
+    text = render_chat(getattr(tok, "chat_template", None), prompt) if args.chat else prompt
     greedy = Mode(args.mode) is Mode.GREEDY
     cfg = DecodeConfig(mode=Mode(args.mode), temperature=0.0 if greedy else args.temperature,
                        top_p=None if greedy else args.top_p, max_new_tokens=args.max_new_tokens)  # fmt: skip
     stream = TextStreamer(tok, sys.stdout, sys.stderr if args.step_stats else None)
     if not args.chat:
-        sys.stdout.write(args.prompt)
+        sys.stdout.write(prompt)
     ids = tok.encode(text)
-    _, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
-                          generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    out, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
+                            generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     stream.finish()
     if args.stats:
-        summary = {k: round(v, 4) for k, v in stats.summary().items()}
-        _, base_stats = target_only(bundle, ids, cfg,
-                                    generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
-        summary["target_only_wall_s"] = round(base_stats.wall_s, 4)
-        summary["speedup_vs_target_only"] = round(base_stats.wall_s / max(stats.wall_s, 1e-9), 3)
-        print(json.dumps(summary), file=sys.stderr)
+        base, base_stats = target_only(bundle, ids, cfg,
+                                       generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+        _print_stats(stats, base_stats, identical=out == base if greedy else None)
     return 0
+
+
+def _prompt_text(prompt: str, prompt_file: str | None) -> str:
+    """``--prompt``, or the text of ``--prompt-file`` (UTF-8; a missing file names itself)."""
+    if prompt_file is None:
+        return prompt
+    try:
+        return Path(prompt_file).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None  # fmt: skip
+
+
+def _print_stats(stats: Any, base: Any, *, identical: bool | None) -> None:
+    """``run --stats`` on stderr: one line for people, then the JSON line (scripts read it)."""
+    summary = {k: round(v, 4) for k, v in stats.summary().items()}
+    summary["target_only_wall_s"] = round(base.wall_s, 4)
+    summary["speedup_vs_target_only"] = round(base.wall_s / max(stats.wall_s, 1e-9), 3)
+    same = (
+        "" if identical is None else f", identical to target-only: {'yes' if identical else 'NO'}"
+    )
+    if identical is not None:
+        summary["identical_to_target_only"] = identical
+    print(f"speculative {stats.n_generated} tokens in {stats.wall_s:.2f} s "
+          f"({stats.tokens_per_s:.1f} tok/s, acceptance {stats.acceptance_rate:.2f}, "
+          f"{stats.tokens_per_target_call:.2f} tokens per target call); target-only "
+          f"{base.wall_s:.2f} s ({base.tokens_per_s:.1f} tok/s): speedup "
+          f"{summary['speedup_vs_target_only']:.2f}x{same}", file=sys.stderr)  # fmt: skip
+    print(json.dumps(summary), file=sys.stderr)
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:

@@ -99,6 +99,7 @@ def add_decode_flags(p: argparse.ArgumentParser) -> None:
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
+    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
@@ -107,7 +108,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     p.add_argument("--state", help=STATE_HELP)
-    p.add_argument("--stats", action="store_true", help="stats + speedup vs target-only (stderr)")
+    p.add_argument("--stats", action="store_true",
+                   help="also run target-only: speedup, acceptance, identical? (stderr)")  # fmt: skip
     p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
 
 
@@ -164,7 +166,8 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="also run target-only and compare")
     p = _verb(sub, "bench", "target-only vs speculative on the prompt set", handlers, common)
     add_decode_flags(p)
-    p.add_argument("--out", default="reports")
+    p.add_argument("--out", default="reports/local",
+                   help="report folder (default: git-ignored; reports/decode/ holds the committed)")  # fmt: skip
     p.add_argument("--lossless", action="store_true", help="measure sampling bias instead")
     p = sub.add_parser("export", help="export a verified bundle (same as omnidraft-export)",
                        epilog=EXPORT_EXAMPLES + quantization_help(), formatter_class=_Help)  # fmt: skip

@@ -48,6 +48,7 @@ from omnidraft_deploy.distill.align import (
 )
 from omnidraft_deploy.distill.data import DataConfig, build_corpus, corpus_hash, split
 from omnidraft_deploy.distill.losses import hybrid_loss_rows
+from omnidraft_deploy.host.threads import FreeCoreThreads
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -93,13 +94,15 @@ def cut_windows(
 def target_topk(target: Transformer, windows: list[tuple[str, list[int]]], k: int) -> TopK:
     """Run ``target`` on each window (teacher-forced) and keep its top-k (see ``TopK``)."""
     ids, tids, tprobs = [], [], []
-    for _, w in tqdm(windows, desc="target top-k", unit="window", mininterval=5):
-        x = torch.tensor(w, dtype=torch.long)[None]
-        logits = target.forward_train(x)[0, :-1].float()  # (T-1, V_t)
-        top = torch.softmax(logits, -1).topk(k, -1)
-        ids.append(x[0])
-        tids.append(top.indices.to(torch.int32))
-        tprobs.append(top.values)
+    with FreeCoreThreads() as threads:
+        for _, w in tqdm(windows, desc="target top-k", unit="window", mininterval=5):
+            threads.adjust()
+            x = torch.tensor(w, dtype=torch.long)[None]
+            logits = target.forward_train(x)[0, :-1].float()  # (T-1, V_t)
+            top = torch.softmax(logits, -1).topk(k, -1)
+            ids.append(x[0])
+            tids.append(top.indices.to(torch.int32))
+            tprobs.append(top.values)
     return TopK(torch.stack(ids), torch.stack(tids), torch.stack(tprobs),
                 tuple(t for t, _ in windows))  # fmt: skip
 
@@ -196,6 +199,14 @@ def distill(
 ) -> list[float]:
     """Calibrate the logit scale, then train ``student`` in place on ``examples``; returns the
     loss before training (scale calibrated) followed by the loss of every step."""
+    with FreeCoreThreads() as threads:  # one other busy process must not stall every op
+        return _distill(student, examples, recipe, threads)
+
+
+def _distill(
+    student: Transformer, examples: list[DistillExample], recipe: EarlyExitRecipe,
+    threads: FreeCoreThreads,
+) -> list[float]:  # fmt: skip
     freeze_all_but_last(student, recipe.train_layers)
     rng0 = random.Random(recipe.seed + 1)
     probe = rng0.sample(examples, min(4, len(examples)))
@@ -205,6 +216,7 @@ def distill(
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng, losses, ema = random.Random(recipe.seed), [start], None
     for step in (bar := tqdm(range(recipe.steps), desc="distill early-exit", mininterval=5)):
+        threads.adjust()
         batch = stack_examples(rng.sample(examples, min(recipe.batch_size, len(examples))))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, recipe.steps, recipe.lr, recipe.warmup)

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from omnidraft_deploy.distill.align import MapperLike, build_example, dm_inverse, stack_examples
 from omnidraft_deploy.distill.losses import hybrid_loss_rows
+from omnidraft_deploy.host.threads import FreeCoreThreads
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class OnlineDistiller:
         self._student = copy.deepcopy(drafter).train()
         self._opt = _make_optimizer(optimizer, self._student, lr)
         self._update_lock = threading.Lock()  # one update() at a time
+        self._threads = FreeCoreThreads()  # torch threads of each update: the free cores
         self.guard = guard
         self._held: list[Observation] = []  # guard: traffic since the last update
         self._held_lock = threading.Lock()  # observe() must not wait for a running update
@@ -225,7 +227,7 @@ class OnlineDistiller:
     def update(self) -> UpdateStats:
         """Take ``steps_per_update`` steps on fresh samples, then publish the weights (guard:
         only if the held-out loss went down; the held-out traffic then joins the buffer)."""
-        with self._update_lock:
+        with self._update_lock, self._threads:
             return self._guarded() if self.guard else self._steps(publish=True)
 
     def _guarded(self) -> UpdateStats:

@@ -50,6 +50,7 @@ from omnidraft_deploy.catalog.presets import (
     Source,
 )
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, corpus_hash, split
+from omnidraft_deploy.host.threads import FreeCoreThreads
 from omnidraft_deploy.reference.model import ModelArgs, Transformer, build_model
 
 if TYPE_CHECKING:
@@ -145,23 +146,31 @@ def train_compact(cfg: PretrainConfig, streams: dict[str, Tensor]) -> Transforme
     rng = random.Random(cfg.seed)
     tasks = [t for t in cfg.tasks if len(streams[t]) > cfg.seq_len + 1]
     ema = None
-    for step in (bar := tqdm(range(cfg.steps), desc=f"pretrain {cfg.name}", mininterval=5)):
-        kd = cfg.kd is not None and rng.random() < cfg.kd.frac
-        s = streams["kd"] if kd else streams[rng.choice(tasks)]
-        start = rng.randrange(len(s) - cfg.seq_len - 1)
-        window = s[start : start + cfg.seq_len + 1].unsqueeze(0)
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
-        logits = model.forward_train(window[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits[0], window[0, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        value = float(loss.detach())
-        ema = value if ema is None else 0.98 * ema + 0.02 * value
-        bar.set_postfix(loss=f"{ema:.3f}")
+    with FreeCoreThreads() as threads:  # one other busy process must not stall every op
+        for step in (bar := tqdm(range(cfg.steps), desc=f"pretrain {cfg.name}", mininterval=5)):
+            threads.adjust()
+            kd = cfg.kd is not None and rng.random() < cfg.kd.frac
+            s = streams["kd"] if kd else streams[rng.choice(tasks)]
+            start = rng.randrange(len(s) - cfg.seq_len - 1)
+            window = s[start : start + cfg.seq_len + 1].unsqueeze(0)
+            value = train_step(model, opt, window, _lr_at(step, cfg))
+            ema = value if ema is None else 0.98 * ema + 0.02 * value
+            bar.set_postfix(loss=f"{ema:.3f}", threads=threads.threads)
     return model.eval()
+
+
+def train_step(model: Transformer, opt: torch.optim.Optimizer, window: Tensor, lr: float) -> float:
+    """One next-token step on ``window: (1, T + 1)`` compact ids at learning rate ``lr``; the
+    loss before the step."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    logits = model.forward_train(window[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits[0], window[0, 1:])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
 
 
 def expand_vocab(
@@ -219,7 +228,7 @@ def _teacher_config(cfg: PretrainConfig) -> PretrainConfig:
     return teacher
 
 
-def _compact_streams(streams: dict[str, list[int]]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+def compact_streams(streams: dict[str, list[int]]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
     """Remap to compact ids; returns (streams, used_ids (n,), counts (n,))."""
     allids = torch.cat([torch.tensor(v, dtype=torch.long) for v in streams.values()])
     used_ids, counts = torch.unique(allids, return_counts=True)
@@ -295,10 +304,10 @@ def _train(
     streams = tokenize_corpus(tok, train_docs)
     if cfg.kd is not None:
         streams["kd"] = _kd_stream(cfg, tok, train_docs, cache_dir, meta)
-    compact_streams, used, counts = _compact_streams(streams)
+    compact_ids, used, counts = compact_streams(streams)
     log.info("%s: %d tokens, %d distinct ids", cfg.name, sum(map(len, streams.values())), len(used))
     t0 = time.perf_counter()
-    compact = train_compact(cfg, compact_streams)
+    compact = train_compact(cfg, compact_ids)
     meta.update(n_used=len(used), train_s=round(time.perf_counter() - t0, 1))
     log.info("%s: trained %d steps in %.0f s", cfg.name, cfg.steps, meta["train_s"])
     return compact, used, counts, meta

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.func import vmap
 from tqdm import tqdm
 
+from omnidraft_deploy.host.threads import FreeCoreThreads
 from omnidraft_deploy.reference.model import Transformer
 
 MARKERS = {"math": "\nAnswer:", "instruction": "\nAssistant:", "summarisation": "\nSummary:"}
@@ -110,16 +111,19 @@ def teacher_texts(
     stop = {lut[e] for e in tok.eos_ids if e in lut}
     kept = sorted((ids for ids in prompts if all(t in lut for t in ids)), key=len)
     out = []
-    for i in tqdm(range(0, len(kept), batch_size), desc="teacher text (batches)", mininterval=5):
-        chunk = kept[i : i + batch_size]
-        model = Transformer(replace(compact.args, max_seq_len=len(chunk[-1]) + new_tokens))
-        model.load_state_dict(compact.state_dict())
-        compact_ids = [torch.tensor([lut[t] for t in ids]) for ids in chunk]
-        new = greedy_batch(model.eval(), compact_ids, new_tokens)
-        for ids, row in zip(chunk, new.tolist(), strict=True):
-            end = next((j for j, t in enumerate(row) if t in stop), len(row))
-            text = tok.decode(ids + [int(used_ids[t]) for t in row[:end]])
-            out.append((text, end < len(row)))
+    batches = tqdm(range(0, len(kept), batch_size), desc="teacher text (batches)", mininterval=5)
+    with FreeCoreThreads() as threads:
+        for i in batches:
+            threads.adjust()
+            chunk = kept[i : i + batch_size]
+            model = Transformer(replace(compact.args, max_seq_len=len(chunk[-1]) + new_tokens))
+            model.load_state_dict(compact.state_dict())
+            compact_ids = [torch.tensor([lut[t] for t in ids]) for ids in chunk]
+            new = greedy_batch(model.eval(), compact_ids, new_tokens)
+            for ids, row in zip(chunk, new.tolist(), strict=True):
+                end = next((j for j, t in enumerate(row) if t in stop), len(row))
+                text = tok.decode(ids + [int(used_ids[t]) for t in row[:end]])
+                out.append((text, end < len(row)))
     return out
 
 

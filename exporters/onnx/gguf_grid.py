@@ -21,15 +21,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
-from omnidraft_deploy.exporters.quant.gguf_grid import Grid, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import Grid, llama_rows, tensor_grid
 
 from omnidraft_deploy.reference.model import Transformer
 
-if TYPE_CHECKING:
-    from omnidraft_deploy.exporters.onnx.fused import GraphWriter
+
+class GraphWriter(Protocol):
+    """What this module needs of ``fused.GraphWriter`` (which imports this module)."""
+
+    def const(self, name: str, value: Any) -> str: ...
+    def shared(self, name: str, value: np.ndarray) -> str: ...
+    def node(self, op: str, inputs: list[str], outputs: list[str], **attrs: Any) -> list[str]: ...
+
 
 log = logging.getLogger(__name__)
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products
@@ -57,27 +63,36 @@ def gguf_grids(model: Transformer, gguf: Path) -> dict[str, list[Grid]]:
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     wanted["lm_head"] = [(head, "lm_head.weight")]
     wanted["embed_tokens"] = [("token_embd.weight", "model.embed_tokens.weight")]
-    out = {}
-    for name, parts in wanted.items():
+    heads = {"attn_q": model.args.n_heads, "attn_k": model.args.n_kv_heads}
+    out: dict[str, list[Grid]] = {}
+    for name, pairs in wanted.items():
         out[name] = []
-        for key, param in parts:
+        for key, param in pairs:
             if key not in tensors:
                 raise ValueError(f"{gguf}: no tensor {key!r} for {name} (is it this model's GGUF?)")
-            out[name].append(_checked(tensors[key], eager[param].detach().numpy(), gguf))
+            n_heads = heads.get(key.split(".")[-2], 0)
+            out[name].append(_checked(tensors[key], eager[param].detach().numpy(), gguf, n_heads))
     return out
 
 
-def _checked(tensor: object, weight: np.ndarray, gguf: Path) -> Grid:
-    """``tensor``'s grid, after checking the GGUF's own dequantisation equals the eager weight."""
+def _checked(tensor: Any, weight: np.ndarray, gguf: Path, n_heads: int = 0) -> Grid:
+    """``tensor``'s grid, after checking the GGUF's own dequantisation equals the eager weight;
+    ``n_heads``: a q/k projection, which llama GGUFs store with permuted rows (tried second)."""
     from gguf.quants import dequantize
 
-    ref = dequantize(np.asarray(tensor.data), tensor.tensor_type)  # type: ignore[attr-defined]
-    if ref.shape != weight.shape or not np.allclose(ref, weight, rtol=0, atol=1e-6):
-        raise ValueError(
-            f"{gguf}: tensor {tensor.name} ({ref.shape}) does not match the loaded model's "  # type: ignore[attr-defined]
-            f"weight {weight.shape}: export gguf4 from the GGUF the model was loaded from"
-        )
-    return tensor_grid(tensor)
+    ref = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+
+    def same(a: np.ndarray) -> bool:
+        return a.shape == weight.shape and np.allclose(a, weight, rtol=0, atol=1e-6)
+
+    if same(ref):
+        return tensor_grid(tensor)
+    if n_heads and ref.shape == weight.shape and same(ref[index := llama_rows(len(ref), n_heads)]):
+        return tensor_grid(tensor).rows(index)
+    raise ValueError(
+        f"{gguf}: tensor {tensor.name} ({ref.shape}) does not match the loaded model's weight "
+        f"{weight.shape}: export gguf4 from the GGUF the model was loaded from"
+    )
 
 
 def share_at_4_bits(grids: dict[str, list[Grid]]) -> dict[str, int]:
@@ -95,7 +110,8 @@ def _runs(parts: list[Grid]) -> list[list[Grid]]:
     """Consecutive parts sharing (bits, block, scale grouping): one MatMulNBits each."""
     runs: list[list[Grid]] = []
     for p in parts:
-        if runs and (runs[-1][0].bits, runs[-1][0].block, runs[-1][0].per) == (p.bits, p.block, p.per):
+        last = runs[-1][0] if runs else None
+        if last is not None and (last.bits, last.block, last.per) == (p.bits, p.block, p.per):
             runs[-1].append(p)
         else:
             runs.append([p])

@@ -164,7 +164,11 @@ def _export_fused(
     t0 = time.perf_counter()
     plan, grids = None, None  # before sizing: which matmuls hold 4 bits and which 8
     if recipe is not None and recipe.gguf_grid:
-        from omnidraft_deploy.exporters.onnx.gguf_grid import gguf_grids, grid_bytes, share_at_4_bits
+        from omnidraft_deploy.exporters.onnx.gguf_grid import (
+            gguf_grids,
+            grid_bytes,
+            share_at_4_bits,
+        )
 
         if gguf is None:
             raise ValueError(f"{path.name}: recipe {name!r} needs the model's GGUF file")

@@ -87,18 +87,29 @@ class Grid:
         c = self.codes.reshape(n, -1, self.block)
         return np.ascontiguousarray(c[..., 0::2] | (c[..., 1::2] << 4))
 
+    def rows(self, index: np.ndarray) -> Grid:
+        """The grid of ``w[index]`` (a row permutation: llama q/k heads, ``llama_rows``)."""
+
+        def take(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.ascontiguousarray(a[index])
+
+        return Grid(self.bits, self.block, take(self.codes), take(self.scale_hi),  # type: ignore[arg-type]
+                    take(self.scale_lo), take(self.min_hi), take(self.min_lo), self.source)  # type: ignore[arg-type]  # fmt: skip
+
     def nbytes(self) -> int:
         arrays = (self.scale_hi, self.scale_lo, self.min_hi, self.min_lo)
         return self.codes.size * self.bits // 8 + sum(a.nbytes for a in arrays if a is not None)
 
 
+def llama_rows(n_rows: int, n_heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's q/k permutation (``convert_hf_to_gguf``'s ``permute``;
+    transformers' ``reverse_permute_weights``): eager row ``r`` is GGUF row ``index[r]``."""
+    half = n_rows // n_heads // 2
+    return np.arange(n_rows).reshape(n_heads, half, 2).swapaxes(2, 1).reshape(-1)
+
+
 def _expand(hi: np.ndarray, per: int) -> np.ndarray:
     return np.repeat(hi.astype(np.float32), per, axis=1)
-
-
-def _halves(raw: np.ndarray, n_blocks: int, width: int) -> np.ndarray:
-    """fp16 per block from the first two bytes of each ``width``-byte block, ``(N, n_blocks)``."""
-    return np.ascontiguousarray(raw.reshape(-1, width)[:, :2]).view(np.float16).reshape(-1, n_blocks)
 
 
 def q4_k(raw: np.ndarray) -> Grid:
@@ -158,7 +169,6 @@ def q8_0(raw: np.ndarray) -> Grid:
 def rounded8(w: np.ndarray, source: str, block: int = 32) -> Grid:
     """A float ``w (N, K)`` on the 8-bit symmetric block grid (``grids.quantize_blocks``)."""
     import torch
-
     from omnidraft_deploy.exporters.quant.grids import quantize_blocks
 
     q, scales, _ = quantize_blocks(torch.from_numpy(np.ascontiguousarray(w, np.float32)), 8, block)

@@ -181,8 +181,17 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         ),
         # gguf4: the GGUF's own grids, nothing re-rounded but Q5_x (to 8 bits); Qwen2.5-Coder-1.5B
         # Q4_K_M: reports/quant_gguf (only GGUF-published presets: no tiny twin can take it)
-        QuantRecipe("gguf4", Backend.ONNX, 8.0, 0.95, 0.6, 4, fused=True, batch_invariant=True,
-                    gguf_grid=True),
+        QuantRecipe(
+            "gguf4",
+            Backend.ONNX,
+            8.0,
+            0.95,
+            0.6,
+            4,
+            fused=True,
+            batch_invariant=True,
+            gguf_grid=True,
+        ),
         # sinked graph (one or two sink tokens), rotated residual stream, LpNormalization,
         # per-channel GPTQ'd Gemm weights, calibration on prompts and start windows (exporters.qnn),
         # 12 prompts: SmolLM2-135M 8.8 / 0.974 (CPU run of the QDQ graph; simulated HTP 0.982),

@@ -127,3 +127,17 @@ def test_embedding_graph_gathers_the_grid_rows_exactly() -> None:
     ids = np.array([[3, 39, 0, 3]], np.int64)
     got = sess.run(None, {"ids": ids})[0]
     np.testing.assert_array_equal(got[0], grid.dequantize()[ids[0]])
+
+
+def test_llama_rows_undo_the_gguf_q_k_permutation() -> None:
+    """llama.cpp's converter permutes q/k rows (``permute`` in convert_hf_to_gguf.py); the grid
+    rows taken in ``llama_rows`` order are the Hugging Face rows again."""
+    from omnidraft_deploy.exporters.quant.gguf_grid import llama_rows
+
+    heads, rows = 3, 24
+    hf = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    stored = hf.reshape(heads, 2, rows // heads // 2, 4).swapaxes(1, 2).reshape(hf.shape)
+    np.testing.assert_array_equal(stored[llama_rows(rows, heads)], hf)
+    grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=rows, supers=1, seed=8))
+    index = llama_rows(rows, heads)
+    np.testing.assert_array_equal(grid.rows(index).dequantize(), grid.dequantize()[index])

@@ -8,6 +8,9 @@ A Q4_K block is ``w = scale * q - minimum``. MatMulNBits (4-bit, blocks of 32) c
 - ``float_zp``: zero points of the scales' type, ``minimum / scale`` (exact up to one division);
 - ``uint8_zp``: integer zero points, ``round(minimum / scale)`` clipped to 0..15, packed 4-bit.
 
+And Q6_K at 8 bits: its exact blocks of 16 (``q6k_block16``) against blocks of 32 rounded from
+them (``q6k_rounded_block32``, what ``gguf4`` ships), on a down_proj and the output head.
+
 Error: max and RMS of ``y - x @ w.T`` relative to the RMS of ``x @ w.T`` (float64 on the GGUF's
 dequantised weights), x from a fixed normal draw. Speed: median ms per call, T = 1 and T = 5,
 ``--threads`` intra-op threads. Run under /work/tools/quiet.sh:
@@ -28,12 +31,13 @@ from typing import Any
 import numpy as np
 from omnidraft_deploy.exporters.onnx.fused import MS, GraphWriter
 from omnidraft_deploy.exporters.onnx.gguf_grid import grid_linear
-from omnidraft_deploy.exporters.quant.gguf_grid import Grid, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import READERS, Grid, rounded8, tensor_grid
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.catalog.assets import asset_path
 
 TENSORS = ("blk.5.attn_q.weight", "blk.5.ffn_gate.weight")
+Q6_TENSORS = ("blk.0.ffn_down.weight", "output.weight")  # Q6_K: 8-bit blocks of 16 vs 32
 
 
 def _model(g: GraphWriter, out: str, k: int) -> bytes:
@@ -113,6 +117,18 @@ def main() -> None:
         for form, model in forms.items():
             rows.append({"tensor": name, "N": n, "K": k, "form": form,
                          **measure(model, x, ref, args.threads)})  # fmt: skip
+            print(rows[-1], flush=True)
+    for name in Q6_TENSORS:  # exact blocks of 16 against blocks of 32 rounded from them
+        exact = READERS["Q6_K"](np.asarray(tensors[name].data))
+        n, k = exact.codes.shape
+        x = np.random.default_rng(0).standard_normal((1, 5, k)).astype(np.float32)
+        ref = (x @ exact.dequantize().T).astype(np.float64)  # fp32: the head is 151936 x 1536
+        for form, grid in (
+            ("q6k_block16", exact),
+            ("q6k_rounded_block32", rounded8(exact.dequantize(), "Q6_K")),
+        ):
+            rows.append({"tensor": name, "N": n, "K": k, "form": form,
+                         **measure(table_graph(grid), x, ref, args.threads)})  # fmt: skip
             print(rows[-1], flush=True)
     doc = {"rows": rows, "threads": args.threads, "load_avg": os.getloadavg(),
            "gguf": path.name, "onnxruntime": __import__("onnxruntime").__version__}  # fmt: skip

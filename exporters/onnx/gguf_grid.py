@@ -9,9 +9,8 @@ Export (``fused.GraphWriter`` calls ``grid_linear`` / ``grid_embedding`` for the
 - a matmul is ``MatMulNBits`` on the GGUF's own codes (``accuracy_level`` 4), one node per run of
   parts sharing a width and block (a fused q|k|v whose v is Q6_K is q|k at 4 bits + v at 8 bits,
   concatenated), plus, at 4 bits, the float minimums as block sums times a table (as the int4
-  recipe adds its offsets, ``GraphWriter.block_offsets``): exact. Not bitwise batch-invariant:
-  ONNX Runtime 1.32's 4-bit kernel sums a 1-row call in another order than a T-row call (~1e-5
-  relative; its 8-bit kernel is invariant; reports/quant_gguf measures what it does to greedy);
+  recipe adds its offsets, ``GraphWriter.block_offsets``): exact; with one zero row appended
+  (``ROW_PAD``), as ONNX Runtime's 4-bit kernel gives 1-row calls other bits than T-row calls;
 - the scales and minimums are stored as the GGUF stores them (fp16 per super-block times a small
   integer per block) and multiplied out by graph nodes on constants, which ONNX Runtime folds when
   the session loads (and then prepacks: 1.5 ms a gate call, 42 ms unfolded): the file stays the
@@ -41,6 +40,12 @@ class GraphWriter(Protocol):
 
 
 log = logging.getLogger(__name__)
+# ONNX Runtime 1.32's 4-bit MatMulNBits (accuracy level 4) sums a 1-row call in another order
+# than any call of 2 or more rows, which agree bit for bit with each other (measured on the 1.5B's
+# Q4_K gate: reports/quant_gguf). So every 4-bit matmul takes one zero row more and drops its
+# output: decode (T = 1) and verification (T = k + 1) rows are then the same bits, and greedy
+# speculative output is target-only output. The 8-bit kernel needs no pad (invariant as it is).
+ROW_PAD = 1
 CHECK_ROWS = 64  # rows of each tensor compared with the eager model
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products
 _PARTS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
@@ -163,6 +168,9 @@ def _folded(g: GraphWriter, name: str, hi: np.ndarray, lo: np.ndarray) -> str:
 def _matmul(g: GraphWriter, name: str, x: str, grid: Grid) -> str:
     """``x (1, T, K) @ w.T`` for one run: MatMulNBits, plus the minimums' term at 4 bits."""
     n, k = grid.codes.shape
+    if grid.bits == 4:  # one zero row more: never a 1-row call (``ROW_PAD``)
+        pad = g.shared(f"grid/zero_row{k}", np.zeros((1, 1, k), np.float32))
+        g.node("Concat", [x, pad], [x := f"{name}/padded"], axis=1)
     scales = _folded(g, f"{name}.scales", grid.scale_hi, grid.scale_lo)
     g.node("Reshape", [scales, g.shared("grid/flat", np.array([-1], np.int64))], [f"{scales}/1d"])
     ins = [x, g.const(f"{name}.qweight", grid.packed()), f"{scales}/1d"]
@@ -184,7 +192,10 @@ def _matmul(g: GraphWriter, name: str, x: str, grid: Grid) -> str:
     last = g.shared("rows/last_axis", np.array([-1], np.int64))
     g.node("ReduceSum", [f"{name}/split", last], [f"{name}/sums"], keepdims=0)
     g.node("MatMul", [f"{name}/sums", f"{name}/table"], [f"{name}/offsets"])
-    g.node("Add", [out, f"{name}/offsets"], [f"{name}/out"])
+    g.node("Add", [out, f"{name}/offsets"], [f"{name}/sum"])
+    ends = g.shared("grid/drop_last", np.array([-1], np.int64))
+    g.node("Slice", [f"{name}/sum", g.shared("grid/zero", np.array([0], np.int64)), ends,
+                     g.shared("grid/axis1", np.array([1], np.int64))], [f"{name}/out"])  # fmt: skip
     return f"{name}/out"
 
 

@@ -36,6 +36,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 from omnidraft_deploy.exporters.onnx import invariant as onnx_invariant
+from omnidraft_deploy.exporters.onnx.gguf_grid import grid_embedding, grid_linear
+from omnidraft_deploy.exporters.quant.gguf_grid import Grid
 from omnidraft_deploy.exporters.quant.grids import per_row_int8, quantize_blocks
 from omnidraft_deploy.exporters.quant.int4_plan import fused_linears
 from torch import Tensor
@@ -57,13 +59,15 @@ class GraphWriter:
     """
 
     def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = "",
-                 act_rows: bool = False, plan: dict[str, int] | None = None) -> None:  # fmt: skip
+                 act_rows: bool = False, plan: dict[str, int] | None = None,
+                 grids: dict[str, list[Grid]] | None = None) -> None:  # fmt: skip
         from onnx import ModelProto, helper
 
         self.helper, self.model = helper, ModelProto()
         self.bits, self.block, self.act_rows = bits, block, act_rows
         # matmul name -> bits where not the graph's (``exporters.quant.int4_plan``)
         self.plan = plan or {}
+        self.grids = grids or {}  # name -> its parts on their GGUF grids (``onnx.gguf_grid``)
         self._shared: set[str] = set()
         self.data, self.location = data, location
         self.nodes: list[Any] = []
@@ -108,7 +112,9 @@ class GraphWriter:
         out = f"{name}/out"
         n, k = w.shape
         bits = self.plan.get(name, self.bits) if bits is None else bits
-        if bits == 8 and self.act_rows:
+        if name in self.grids:
+            out = grid_linear(self, name, x, self.grids[name])
+        elif bits == 8 and self.act_rows:
             out = self.linear_rows(name, x, w)
         elif bits == 0:
             self.node("MatMul", [x, self.const(f"{name}.weight_t", w.T.contiguous())], [out])
@@ -258,6 +264,7 @@ def weight_bits(recipe: QuantRecipe | None) -> int:
 def build_graph(
     model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
     location: str = "", invariant: bool = False, plan: dict[str, int] | None = None,
+    grids: dict[str, list[Grid]] | None = None,
 ) -> Any:  # fmt: skip
     """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
     that open file as external data named ``location`` (see ``GraphWriter``). ``plan``: bits of
@@ -272,7 +279,7 @@ def build_graph(
     bits = weight_bits(recipe)
     act_rows = recipe is not None and recipe.activations is Activations.ROWS
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location,
-                    act_rows=act_rows, plan=plan)  # fmt: skip
+                    act_rows=act_rows, plan=plan, grids=grids)  # fmt: skip
     cos, sin = (
         model.get_buffer("rope_cos"),
         model.get_buffer("rope_sin"),
@@ -282,8 +289,11 @@ def build_graph(
     if invariant:
         onnx_invariant.prepare(g, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim)
     pos = None if invariant else _positions(g)
-    emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
-    g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])
+    if "embed_tokens" in g.grids:
+        grid_embedding(g, gc.TOKEN_IDS, g.grids["embed_tokens"][0], "embeds")
+    else:
+        emb = g.const("embed_tokens.weight", model.model.embed_tokens.weight)
+        g.node("Gather", [emb, gc.TOKEN_IDS], ["embeds"])
     x, skip, eps = "embeds", None, a.norm_eps
     for i in range(a.n_layers):
         layer = _layer(model, i)

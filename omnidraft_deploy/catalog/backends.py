@@ -61,6 +61,9 @@ class QuantRecipe:
     # body matmuls at int4 where a measured plan (``exporters.quant.int4_plan``, the backend's
     # numerics) says int4 costs little; the rest at 8 bits (xnnpack 8da4w, onnx int4)
     int4_plan: bool = False
+    # onnx: every weight on its own GGUF grid (``exporters.onnx.gguf_grid``: Q4_K / Q4_0 / Q4_1 at
+    # 4 bits with float minimums, Q6_K / Q8_0 exact at 8 bits), read from the preset's GGUF
+    gguf_grid: bool = False
 
     def __post_init__(self) -> None:
         if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:
@@ -175,6 +178,19 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
             fused=True,
             batch_invariant=True,
             int4_plan=True,
+        ),
+        # gguf4: the GGUF's own grids, nothing re-rounded but Q5_x (to 8 bits); Qwen2.5-Coder-1.5B
+        # Q4_K_M: reports/quant_gguf (only GGUF-published presets: no tiny twin can take it)
+        QuantRecipe(
+            "gguf4",
+            Backend.ONNX,
+            8.0,
+            0.95,
+            0.6,
+            4,
+            fused=True,
+            batch_invariant=True,
+            gguf_grid=True,
         ),
         # sinked graph (one or two sink tokens), rotated residual stream, LpNormalization,
         # per-channel GPTQ'd Gemm weights, calibration on prompts and start windows (exporters.qnn),

@@ -44,7 +44,7 @@ def test_recipe_fields_say_what_the_names_used_to() -> None:
     assert r("onnx", "int8-dyn").activations is Activations.DYNAMIC
     assert not r("onnx", "int8-dyn").fused  # traced + ORT's quantize_dynamic only
     invariant = {n for n in recipe_names("onnx") if r("onnx", n).batch_invariant}
-    assert invariant == {"int8", "int4", "w8a8"}
+    assert invariant == {"int8", "int4", "w8a8", "gguf4"}
     assert r("qnn", "qdq-a16w8").activation_bits == 16 and r("qnn", "qdq-u8").activation_bits == 8
     assert {n: r("onnx", n).weight_bits for n in ("fp32", "int8", "int4")} == {
         "fp32": 32, "int8": 8, "int4": 4,

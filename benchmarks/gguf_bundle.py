@@ -1,0 +1,155 @@
+"""A bundle's target graph against its GGUF: top-1 on 12 prompts, row invariance, decode speed.
+
+    PYTHONPATH=$PWD python benchmarks/gguf_bundle.py top1 --bundle B --out F.json
+    PYTHONPATH=$PWD python benchmarks/gguf_bundle.py rows --bundle B --out F.json
+    /work/tools/quiet.sh python benchmarks/gguf_bundle.py speed --bundle B [B2 ...] --threads 2 --out F.json
+
+- ``top1``: ``checks.parity.parity`` (the export's verification: prefill, greedy single steps and
+  a rollback, every row compared) of the reloaded target graph against the eager fp32 model (the
+  preset's GGUF dequantised) on ``--prompts`` shipped prompts (``exporters.verify.prompt_ids``).
+  Loads the eager model: run under ``flock /tmp/omnidraft-bigmem.lock`` for 1.5B targets.
+- ``rows``: per prompt, greedy target-only decode with 1-token calls keeping each row, then the
+  same text re-scored in ``--width``-token calls (a verification call's shape): rows not bitwise
+  equal, the largest |difference|, argmax changes (what would break greedy speculative ==
+  target-only), the smallest top-1/top-2 gap of the 1-token rows.
+- ``speed``: decode tok/s (64 greedy 1-token calls after each of 3 prompts, median per-call time)
+  of each bundle's target graph through the runtime's ``OrtModel``, ``--threads`` intra-op threads,
+  no spinning; the load average beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnidraft_deploy.bundle.atomic import write_text_atomic
+from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest
+
+
+def target_info(bundle: Path) -> GraphInfo:
+    manifest = Manifest.from_json((bundle / "manifest.json").read_text(), source=bundle)
+    return manifest.graphs["target"]
+
+
+def top1(bundle: Path, n_prompts: int) -> dict[str, Any]:
+    from omnidraft_deploy.exporters.verify import EAGER_THREADS, artifact_step, prompt_ids
+
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.checks.parity import eager_step, parity
+    from omnidraft_deploy.resolve.load import load_model
+    from omnidraft_deploy.speculative.decoder import torch_threads
+
+    info = target_info(bundle)
+    model = load_model(get_preset(info.preset), max_seq_len=info.max_seq_len)
+    prompts = prompt_ids(info.tokenizer, info.vocab_size, n=n_prompts)
+    with torch_threads(EAGER_THREADS):
+        return parity(artifact_step(bundle / info.file, info), eager_step(model), prompts)
+
+
+def ort_model(bundle: Path, threads: int) -> Any:
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    info = target_info(bundle)
+    return OrtModel(bundle / info.file, info, threads=threads, spinning=False)
+
+
+def texts(n: int) -> list[str]:
+    from omnidraft_deploy.catalog.prompts import load_prompts
+
+    items = load_prompts()
+    return [p.text for p in items[:: max(1, len(items) // n)][:n]]
+
+
+@torch.inference_mode()
+def rows(bundle: Path, n_prompts: int, width: int, tokens: int, threads: int) -> dict[str, Any]:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    info = target_info(bundle)
+    target, tok = ort_model(bundle, threads), load_tokenizer(info.tokenizer)
+    limit = tok.vocab_size
+    acc: dict[str, Any] = {"rows": 0, "rows_not_bitwise_equal": 0, "max_abs_diff": 0.0,
+                           "argmax_changes": 0, "min_top1_top2_gap": float("inf")}  # fmt: skip
+    for text in texts(n_prompts):
+        ids = tok.encode(text)
+        feed, pos, out, kept = list(ids), 0, [], []
+        for _ in range(tokens):  # target-only: the prompt, then 1-token calls
+            row = target.forward(torch.tensor(feed), pos)[-1, :limit].clone()
+            pos += len(feed)
+            kept.append(row)
+            out.append(int(row.argmax()))
+            feed = [out[-1]]
+        gaps = torch.stack(kept).topk(2, -1).values
+        acc["min_top1_top2_gap"] = min(
+            acc["min_top1_top2_gap"], float((gaps[:, 0] - gaps[:, 1]).min())
+        )
+        full, base = ids + out, len(ids) - 1
+        for i in range(0, tokens - 1, width):
+            chunk = full[base + i : base + i + width]
+            got = target.forward(torch.tensor(chunk), base + i)[:, :limit]
+            for j in range(min(len(chunk), tokens - i)):
+                acc["rows"] += 1
+                if not torch.equal(got[j], kept[i + j]):
+                    acc["rows_not_bitwise_equal"] += 1
+                    diff = float((got[j] - kept[i + j]).abs().max())
+                    acc["max_abs_diff"] = max(acc["max_abs_diff"], diff)
+                acc["argmax_changes"] += int(int(got[j].argmax()) != out[i + j])
+    return acc | {"width": width, "tokens": tokens, "prompts": n_prompts}
+
+
+@torch.inference_mode()
+def speed(bundle: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
+
+    info = target_info(bundle)
+    target, tok = ort_model(bundle, threads), load_tokenizer(info.tokenizer)
+    per_call = []
+    for text in texts(3):
+        ids = tok.encode(text)
+        row = target.forward(torch.tensor(ids), 0)[-1]
+        pos, nxt = len(ids), int(row.argmax())
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            row = target.forward(torch.tensor([nxt]), pos)[-1]
+            per_call.append(time.perf_counter() - t0)
+            pos, nxt = pos + 1, int(row.argmax())
+    size = sum(p.stat().st_size for p in bundle.glob(f"{info.file}*"))
+    return {"bundle": str(bundle), "quantization": info.quantization, "graph_bytes": size,
+            "decode_tok_s": 1.0 / statistics.median(per_call), "calls": len(per_call)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["top1", "rows", "speed"])
+    ap.add_argument("--bundle", type=Path, nargs="+", required=True)
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--width", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    load0, t0 = os.getloadavg(), time.time()
+    if a.what == "top1":
+        result: Any = [top1(b, a.prompts) for b in a.bundle]
+    elif a.what == "rows":
+        result = [rows(b, a.prompts, a.width, a.tokens, a.threads) for b in a.bundle]
+    else:
+        result = [speed(b, a.threads) for b in a.bundle]
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    meta = {"command": "benchmarks/gguf_bundle.py " + " ".join(os.sys.argv[1:]),  # type: ignore[attr-defined]
+            "git": rev.strip(), "seconds": round(time.time() - t0, 1), "threads": a.threads,
+            "load_avg_start": load0, "load_avg_end": os.getloadavg()}  # fmt: skip
+    write_text_atomic(a.out, json.dumps({"meta": meta, "results": result}, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

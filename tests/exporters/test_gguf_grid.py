@@ -1,0 +1,142 @@
+"""GGUF blocks kept on their own grid (``exporters.quant.gguf_grid``): the codes and scales read
+from raw blocks dequantise to exactly what the ``gguf`` package's own dequantizer gives, and the
+MatMulNBits graph of ``exporters.onnx.gguf_grid`` computes ``x @ w.T`` on that grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from omnidraft_deploy.exporters.quant.gguf_grid import READERS, Grid, rounded8
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+# K-quant block widths in bytes and where their fp16 super-block scales sit
+K_QUANTS = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def synthetic_blocks(kind: str, rows: int, supers: int, seed: int) -> np.ndarray:
+    """Random K-quant rows ``(rows, supers * width)``: every code and 6/8-bit scale random, the
+    fp16 scales finite and small (the ``gguf`` package cannot quantise K-quants itself)."""
+    width, halves = K_QUANTS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows * supers, width), dtype=np.uint8)
+    for off in halves:
+        d = rng.uniform(-0.05, 0.05, (rows * supers, 1)).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_blocks_dequantise_bit_for_bit(kind: str) -> None:
+    raw = synthetic_blocks(kind, rows=5, supers=3, seed=1)
+    grid = READERS[kind](raw)
+    ref = dequantize(raw, T[kind])
+    assert grid.dequantize().shape == ref.shape == (5, 768)
+    np.testing.assert_array_equal(grid.dequantize(), ref)
+    assert (grid.bits, grid.block) == ((4, 32) if kind == "Q4_K" else (8, 16))
+    assert grid.codes.max() <= (15 if kind == "Q4_K" else 159)  # Q6_K: q - 32 + 128
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_legacy_blocks_dequantise_bit_for_bit(kind: str) -> None:
+    w = np.random.default_rng(2).standard_normal((6, 256)).astype(np.float32)
+    raw = quantize(w, T[kind])
+    np.testing.assert_array_equal(READERS[kind](raw).dequantize(), dequantize(raw, T[kind]))
+
+
+def test_q4_k_scales_and_minimums_are_the_sub_blocks() -> None:
+    """Each sub-block of 32 is ``scale * q - minimum`` with one float scale and minimum, codes
+    0..15 (what MatMulNBits' 4-bit blocks of 32 hold), and ``packed`` puts two codes a byte."""
+    grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=2, supers=1, seed=3))
+    assert grid.scales().shape == grid.minimums().shape == (2, 8) and grid.per == 8
+    packed = grid.packed()
+    assert packed.shape == (2, 8, 16)
+    unpacked = np.stack([packed & 15, packed >> 4], -1).reshape(2, -1)
+    np.testing.assert_array_equal(unpacked, grid.codes)
+    # 144 bytes a super-block in the GGUF; the grid stores the same bits (codes, fp16 d / dmin,
+    # one byte per 6-bit scale and minimum)
+    assert grid.nbytes() == 2 * (128 + 4 + 16)
+
+
+def test_rounded8_is_within_half_a_step() -> None:
+    w = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    grid = rounded8(w, "Q5_0")
+    step = np.repeat(grid.scales(), 32, axis=1)
+    assert np.all(np.abs(grid.dequantize() - w) <= step / 2 + 1e-7)
+
+
+def test_a_bad_grid_is_refused() -> None:
+    with pytest.raises(ValueError, match="whole blocks"):
+        Grid(4, 32, np.zeros((2, 48), np.uint8), np.zeros((2, 1)), np.zeros((2, 1), np.uint8))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_matmul_nbits_graph_computes_the_grid(kind: str) -> None:
+    """The graph of ``onnx.gguf_grid`` (folded scales, 4-bit minimums as block sums) against
+    ``x @ w.T`` in float64 on the dequantised grid; int8 activations per block (accuracy level
+    4) bound the difference, and a 1-row call gives the 3-row call's row bit for bit (the 4-bit
+    matmuls' padding row, ``ROW_PAD``: unpadded, ONNX Runtime 1.32's 1-row sums differ)."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    import onnxruntime as ort
+    from omnidraft_deploy.exporters.onnx.fused import MS, GraphWriter
+    from omnidraft_deploy.exporters.onnx.gguf_grid import grid_linear
+    from onnx import TensorProto, helper
+
+    grid = READERS[kind](synthetic_blocks(kind, rows=24, supers=2, seed=5))
+    n, k = grid.codes.shape
+    g = GraphWriter(4, 32, grids={"w": [grid]})
+    out = grid_linear(g, "w", "x", [grid])
+    graph = g.model.graph
+    graph.node.extend(g.nodes)
+    graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k]))
+    graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, "T", n]))
+    g.model.ir_version = onnx.IR_VERSION
+    g.model.opset_import.extend([helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    sess = ort.InferenceSession(g.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(6).standard_normal((1, 3, k)).astype(np.float32)
+    got = sess.run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ grid.dequantize().astype(np.float64).T
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()  # int8 activations: ~0.5 %
+    for t in (1, 2):  # a decode call's rows are a verification call's rows, bit for bit
+        part = sess.run(None, {"x": x[:, :t]})[0]
+        np.testing.assert_array_equal(part[0], got[0, :t])
+
+
+def test_embedding_graph_gathers_the_grid_rows_exactly() -> None:
+    """``grid_embedding``: packed Q4_K rows gathered and dequantised per token, bit for bit."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    import onnxruntime as ort
+    from omnidraft_deploy.exporters.onnx.fused import MS, GraphWriter
+    from omnidraft_deploy.exporters.onnx.gguf_grid import grid_embedding
+    from onnx import TensorProto, helper
+
+    grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=40, supers=2, seed=7))
+    g = GraphWriter(4, 32)
+    grid_embedding(g, "ids", grid, "embeds")
+    g.model.graph.node.extend(g.nodes)
+    g.model.graph.input.append(helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "T"]))
+    g.model.graph.output.append(helper.make_tensor_value_info("embeds", TensorProto.FLOAT, None))
+    g.model.ir_version = onnx.IR_VERSION
+    g.model.opset_import.extend([helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
+    sess = ort.InferenceSession(g.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[3, 39, 0, 3]], np.int64)
+    got = sess.run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(got[0], grid.dequantize()[ids[0]])
+
+
+def test_llama_rows_undo_the_gguf_q_k_permutation() -> None:
+    """llama.cpp's converter permutes q/k rows (``permute`` in convert_hf_to_gguf.py); the grid
+    rows taken in ``llama_rows`` order are the Hugging Face rows again."""
+    from omnidraft_deploy.exporters.quant.gguf_grid import llama_rows
+
+    heads, rows = 3, 24
+    hf = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    stored = hf.reshape(heads, 2, rows // heads // 2, 4).swapaxes(1, 2).reshape(hf.shape)
+    np.testing.assert_array_equal(stored[llama_rows(rows, heads)], hf)
+    grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=rows, supers=1, seed=8))
+    index = llama_rows(rows, heads)
+    np.testing.assert_array_equal(grid.rows(index).dequantize(), grid.dequantize()[index])

@@ -203,12 +203,12 @@ def export_bundle(
         )  # fmt: skip
         write_text_atomic(tmp / "manifest.json", manifest.to_json())
         if opener is not None:
-            _open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
+            open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
     log.info("bundle written to %s", cfg.out_dir)
     return Path(cfg.out_dir)
 
 
-def _open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
+def open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
     """``opener`` on a view of the staged bundle: its listed files hard-linked (copied where the
     file system has no links) into ``<staged>/.opened/<name>``, removed before publishing. The
     runtime refuses to open a folder named as a staging folder, by design; the view also holds

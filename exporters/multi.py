@@ -3,8 +3,10 @@
 ``export_multi(cfg)`` exports each target with the drafter through the one export path
 (``export.export_pair``: each target's graph verified against its eager model, its tokenizer,
 vocabulary map, seeded n-gram cache and ``expected.json`` recorded, the staged pair opened by the
-caller's opener) into a scratch folder inside the staging folder of the final bundle. These are
-exactly the separate bundles a user would otherwise ship. Then it assembles the multi-target
+caller's opener) into a scratch folder inside the staging folder of the final bundle. The drafter
+is exported and verified once, with the first target; the later separate bundles link its graph
+files (``export_bundle(drafter_from=...)``). These are exactly the separate bundles a user would
+otherwise ship. Then it assembles the multi-target
 bundle (layout and schema 2: ``bundle.manifest``):
 
 - the drafter's graph files and tokenizer once, from the first separate bundle; every other
@@ -97,8 +99,9 @@ def export_multi(
         for i, name in enumerate(cfg.targets):
             one = cfg.target_config(name, tmp / SCRATCH / name)
             separate[name] = export_pair(
-                one, None if inputs is None else inputs[i], verify=verify, opener=opener
-            )
+                one, None if inputs is None else inputs[i], verify=verify, opener=opener,
+                drafter_from=next(iter(separate.values()), None),
+            )  # fmt: skip
         manifest = assemble(tmp, separate, draft_len=cfg.base.draft_len)
         shutil.rmtree(tmp / SCRATCH)
         write_text_atomic(tmp / MANIFEST_NAME, manifest.to_json())

@@ -344,7 +344,10 @@ class Manifest:
                                  f"as {role}_graph in files")  # fmt: skip
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        doc = dataclasses.asdict(self)
+        if not self.targets:  # a single-target manifest stays schema 1's, key for key
+            del doc["targets"]
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, *, source: str | os.PathLike[str] = MANIFEST_NAME) -> Manifest:

@@ -11,15 +11,6 @@ A bundle is a folder::
     vocab_map.bin            omnidraft_deploy.vocab.io format
     ngram_cache.bin          omnidraft_deploy.ngram.format format
 
-A multi-target bundle (schema 2, issue 30) ships the drafter once and several targets, each in
-its own folder, with the vocabulary maps stored by content (targets of one vocabulary share one)::
-
-    manifest.json, drafter.<ext>, drafter_tokenizer/...     as above
-    targets/<name>/target.<ext> (+ .ort, .onnx.data)          each target's graph
-    targets/<name>/target_tokenizer/...                       its tokenizer files
-    targets/<name>/ngram_cache.bin, targets/<name>/expected.json
-    maps/<first 16 hex of the map file's sha256>.bin          vocabulary maps, one per vocabulary
-
 A bundle is a closed world: ``manifest.json`` lists every file a reader opens with its sha256 and
 size. This module is the schema only, without I/O: ``omnidraft_deploy.bundle.folder`` reads it,
 verifies the listed files before any model runs (``verify_bundle``) and stages new bundles
@@ -42,18 +33,19 @@ Schema (version 1)::
                             "top1_agreement": <float>, "prompts": <int>},
                  "decode_file": null | "<role>_decode.onnx" (qnn: the same graph at T = 1)}
 
-Schema 2 (a multi-target bundle; ``bundle.targets`` picks one target of it)::
+Schema 2: one drafter, 2 to ``MAX_TARGETS`` targets (issue 30; ``bundle.targets`` picks one)::
 
-    as schema 1, except "graphs": {"drafter": GraphInfo} and
-    "mapping_hash": sha256 of the lines "<name>:<its map's mapping_hash>\n", names sorted, and
-    "targets": {"<name>": {"graph": GraphInfo (file targets/<name>/target.<ext>),
-                           "mapping_hash": "<hex>", "vocab_map": "maps/<hex16>.bin",
+    as schema 1, except "graphs": {"drafter": GraphInfo}, "mapping_hash": sha256 of the lines
+    "<name>:<its map's mapping_hash>\n" (names sorted), and, per target, its files in a folder
+    and its map stored by content (targets of one vocabulary share one map file):
+    "targets": {"<name>": {"graph": GraphInfo (file "targets/<name>/target.<ext>"; its .ort and
+                           .onnx.data beside it), "mapping_hash": "<hex>",
+                           "vocab_map": "maps/<first 16 hex of the file's sha256>.bin",
                            "ngram_cache": "targets/<name>/ngram_cache.bin",
                            "tokenizer": "targets/<name>/target_tokenizer",
                            "expected": "targets/<name>/expected.json"}}
 
-Single-target bundles keep writing schema 1 (a reader of schema 1 still opens them); a schema 2
-manifest lists at least two targets and a schema 1 one none.
+Single-target bundles keep writing schema 1, without "targets" (readers of schema 1 open them).
 
 Validation (``validate()`` of each section, run on construction and so before anything is
 allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON

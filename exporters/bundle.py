@@ -156,6 +156,7 @@ def export_bundle(
     verify: Verify | None = None,
     prompts: dict[str, Sequence[Sequence[int]]] | None = None,
     opener: Callable[[Path], Any] | None = None,
+    drafter_from: Path | None = None,
 ) -> Path:
     """Write the bundle folder ``cfg.out_dir`` and return it (see the module docstring).
 
@@ -169,6 +170,8 @@ def export_bundle(
     prompts: role -> verification prompt ids (default: shipped prompts, real tokenizer).
     opener: called with the staged folder once it is complete; raising refuses the bundle (the
     folder at ``cfg.out_dir`` stays as it was).
+    drafter_from: a bundle of the same drafter, backend and recipe whose drafter graph files and
+    description are linked in instead of exported and verified again (``exporters.multi``).
     """
     if not cfg.verify:
         verify = None
@@ -186,6 +189,9 @@ def export_bundle(
             # the target comes last (ROLES) and stays loaded for ``derived_files``; the drafter's
             # model is freed before the target loads
             model = None
+            if role == "drafter" and drafter_from is not None:
+                graphs[role] = _link_drafter(drafter_from, tmp, extras)
+                continue
             graphs[role], model = _export_role(
                 cfg, role, tmp, verify=verify,
                 eos_ids=(eos_ids or {}).get(role, ()), bundle_hash=mapping_hash, extras=extras,
@@ -203,12 +209,28 @@ def export_bundle(
         )  # fmt: skip
         write_text_atomic(tmp / "manifest.json", manifest.to_json())
         if opener is not None:
-            _open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
+            open_staged(tmp, [*files, "manifest.json"], Path(cfg.out_dir).name, opener)
     log.info("bundle written to %s", cfg.out_dir)
     return Path(cfg.out_dir)
 
 
-def _open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
+def _link_drafter(bundle: Path, tmp: Path, extras: dict[str, Any]) -> GraphInfo:
+    """The drafter graph files of ``bundle`` (hard links where the file system allows), its
+    description and export facts: the drafter exported (and verified) once for several targets."""
+    from omnidraft_deploy.bundle.folder import verify_bundle
+
+    manifest = verify_bundle(bundle)
+    for rel in manifest.files:
+        if rel.startswith("drafter") and "/" not in rel:  # drafter.onnx, .ort, .onnx.data
+            try:
+                os.link(bundle / rel, tmp / rel)
+            except OSError:
+                shutil.copyfile(bundle / rel, tmp / rel)
+    extras["drafter"] = manifest.extras.get("drafter", {})
+    return manifest.graphs["drafter"]
+
+
+def open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:
     """``opener`` on a view of the staged bundle: its listed files hard-linked (copied where the
     file system has no links) into ``<staged>/.opened/<name>``, removed before publishing. The
     runtime refuses to open a folder named as a staging folder, by design; the view also holds

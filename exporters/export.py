@@ -46,12 +46,13 @@ def resolve_inputs(cfg: ExportConfig) -> ExportInputs:
 
 def export_pair(
     cfg: ExportConfig, inputs: ExportInputs | None = None, *, verify: Verify | None = None,
-    opener: Callable[[Path], Any] | None = None,
+    opener: Callable[[Path], Any] | None = None, drafter_from: Path | None = None,
 ) -> Path:  # fmt: skip
     """Write the bundle at ``cfg.out_dir`` (module docstring) and return its folder.
 
     ``verify``: replaces the built-in graph check (``exporters.verify``); ``opener(staged folder)``
-    raises to refuse the bundle before it is published (the CLI: the runtime's opener).
+    raises to refuse the bundle before it is published (the CLI: the runtime's opener);
+    ``drafter_from``: a bundle whose drafter graph is reused (``export_bundle``).
     """
     inputs = inputs or resolve_inputs(cfg)
     vocab = PairVocab.of(inputs.target.tokenizer, inputs.drafter.tokenizer)  # the resolved ones
@@ -71,6 +72,7 @@ def export_pair(
         eos_ids={"drafter": d_tok.eos_ids, "target": t_tok.eos_ids},
         verify=verify,
         opener=opener,
+        drafter_from=drafter_from,
     )
 
 

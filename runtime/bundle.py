@@ -8,7 +8,9 @@ manifest with its role, size and sha256 checked on the very bytes parsed, size-c
 against the graphs. Each failure is a ``BundleError`` naming the file and the problem. The session
 cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state, not part of the
 bundle: its CRC-32 is its checksum, and a damaged one falls back to the bundle's cache with a
-warning (``load_session_cache``).
+warning (``load_session_cache``). A multi-target bundle is opened for one of its targets
+(``target=``; ``bundle.targets.select``): its graph, map, cache and reference, beside the shared
+drafter; ``check_every_target`` checks them all.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from omnidraft_deploy.bundle.manifest import (
     GraphInfo,
     Manifest,
 )
+from omnidraft_deploy.bundle.targets import parts, select, target_names
 from omnidraft_deploy.host.onnx_host import context_path
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
@@ -37,7 +40,6 @@ from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
-VOCAB_MAP, NGRAM_CACHE = "vocab_map.bin", "ngram_cache.bin"
 SESSION_CACHE = "ngram_cache.session.bin"
 ONNX_FORMAT_VERSION = "1"  # metadata_props "omnidraft.format_version" this reader understands
 MAX_VOCAB_MAP_BYTES = 64 << 20  # a 256k x 256k map with long spellings is ~10 MB
@@ -111,9 +113,16 @@ def check_graph(root: Path, manifest: Manifest, role: str) -> None:
     info = manifest.graphs[role]
     path = root / info.file
     if path.suffix == ".onnx":
-        check_onnx_metadata(path, info, dict(manifest.files))
+        # external data is named relative to the graph's folder (targets/<name>/ in a
+        # multi-target bundle): the listed files as that folder sees them
+        folder = info.file.rpartition("/")[0]
+        files: dict[str, object] = {
+            k.removeprefix(f"{folder}/"): v for k, v in manifest.files.items()
+            if not folder or k.startswith(f"{folder}/")
+        }  # fmt: skip
+        check_onnx_metadata(path, info, files)
         if info.decode_file is not None:
-            check_onnx_metadata(root / info.decode_file, info.decode_info(), dict(manifest.files))
+            check_onnx_metadata(root / info.decode_file, info.decode_info(), files)
     else:  # .pte (the manifest allows nothing else): constant methods, no execution of forward
         from omnidraft_deploy.runtime.executorch_model import check_metadata, load_program
 
@@ -121,17 +130,18 @@ def check_graph(root: Path, manifest: Manifest, role: str) -> None:
 
 
 def load_model(
-    path_or_bundle: str | Path, role: str = "target", *, provider: str | None = None
-) -> RuntimeModel:
+    path_or_bundle: str | Path, role: str = "target", *, provider: str | None = None,
+    target: str | None = None,
+) -> RuntimeModel:  # fmt: skip
     """One graph of a bundle as a ``CausalLM``, after the bundle's manifest and sha256 checks.
 
     ``provider`` None: chosen by the manifest's backend (qnn -> the QNN HTP, else CPU); the
     ``.pte`` / ``.onnx`` suffix picks ExecuTorch or ONNX Runtime. ``path_or_bundle`` may also be a
-    graph file inside a bundle folder.
+    graph file inside a bundle folder; ``target``: which target of a multi-target bundle.
     """
     root = Path(path_or_bundle)
     root = root.parent if root.is_file() else root
-    manifest = verify_bundle(root)
+    manifest = select(verify_bundle(root), target, source=root / MANIFEST_NAME)
     if role not in manifest.graphs:
         raise KeyError(f"unknown role {role!r}; choose from {sorted(manifest.graphs)}")
     check_graph(root, manifest, role)
@@ -191,38 +201,39 @@ def default_provider(manifest: Manifest) -> str:
 def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache]:
     """Vocabulary map and shipped n-gram cache, each listed, verified and checked vs the graphs."""
     d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
+    vocab_map, ngram_cache = parts(manifest).vocab_map, parts(manifest).ngram_cache
     data = read_listed(
-        root, VOCAB_MAP, manifest.files, role="vocab_map", max_bytes=MAX_VOCAB_MAP_BYTES
+        root, vocab_map, manifest.files, role="vocab_map", max_bytes=MAX_VOCAB_MAP_BYTES
     )
     try:
-        mapper = vocab_io.from_bytes(data, source=str(root / VOCAB_MAP))
+        mapper = vocab_io.from_bytes(data, source=str(root / vocab_map))
     except ValueError as e:
-        raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
+        raise BundleError(root / vocab_map, str(e).removeprefix(f"{root / vocab_map}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
-        raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
+        raise BundleError(root / vocab_map, "content hash differs from manifest mapping_hash")
     # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
     # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
     # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
     if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
         raise BundleError(
-            root / VOCAB_MAP,
+            root / vocab_map,
             f"vocabulary sizes (drafter {mapper.draft_vocab_size}, target "
             f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size}, "
             f"target {t_info.vocab_size}: each at least its map's) in {MANIFEST_NAME} "
             "graphs.drafter/target.vocab_size",
         )
     data = read_listed(
-        root, NGRAM_CACHE, manifest.files, role="ngram_cache", max_bytes=MAX_NGRAM_BYTES
+        root, ngram_cache, manifest.files, role="ngram_cache", max_bytes=MAX_NGRAM_BYTES
     )
     try:
         cache, _ = ngram_from_bytes(
             data,
-            source=root / NGRAM_CACHE,
+            source=root / ngram_cache,
             expect_draft_vocab=mapper.draft_vocab_size,
             expect_target_vocab=mapper.target_vocab_size,
         )
     except NGramFormatError as e:
-        raise BundleError(root / NGRAM_CACHE, e.problem) from None
+        raise BundleError(root / ngram_cache, e.problem) from None
     return mapper, cache
 
 
@@ -246,16 +257,29 @@ def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> 
 
 
 def check_bundle(
-    bundle_dir: str | Path, *, state: Path | None = None, trust_record: bool = True
-) -> tuple[Manifest, VocabMapper, NGramCache]:
+    bundle_dir: str | Path, *, state: Path | None = None, trust_record: bool = True,
+    target: str | None = None,
+) -> tuple[Manifest, VocabMapper, NGramCache]:  # fmt: skip
     """Every check of ``open_bundle`` (module docstring), nothing allocated for the graphs yet;
-    ``state`` / ``trust_record``: ``bundle.folder.verify_bundle``'s hash record."""
+    ``state`` / ``trust_record``: ``bundle.folder.verify_bundle``'s hash record; ``target``: which
+    target of a multi-target bundle (``bundle.targets.select``; the manifest returned is its
+    one-target view)."""
     root = Path(bundle_dir)
     manifest = verify_bundle(root, state=state, trust_record=trust_record)
+    manifest = select(manifest, target, source=root / MANIFEST_NAME)
     mapper, cache = load_tables(root, manifest)
     for role in ("drafter", "target"):  # every graph's metadata before any session is created
         check_graph(root, manifest, role)
     return manifest, mapper, cache
+
+
+def check_every_target(bundle_dir: str | Path) -> list[str]:
+    """``check_bundle`` for each target of the bundle (the exporter's opener); their names."""
+    root = Path(bundle_dir)
+    names = target_names(verify_bundle(root))
+    for name in names:
+        check_bundle(root, target=name)
+    return names
 
 
 def open_bundle(
@@ -265,14 +289,18 @@ def open_bundle(
     state: Path | None = None,
     trust_record: bool = True,
     threads: int | None = None,
+    target: str | None = None,
 ) -> OpenBundle:
     """Verify, then load a bundle; ``provider`` None -> ``default_provider``. A command opens its
     bundle once and passes the ``OpenBundle`` on (``runtime.run``); with the bundle's session
     folder ``state``, files hashed by an earlier open and unchanged since are not hashed again
     (``bundle.hash_record``; ``trust_record=False`` hashes them all). ``threads``: ONNX Runtime
-    intra-op threads of CPU sessions (None: the runtime's default)."""
+    intra-op threads of CPU sessions (None: the runtime's default). ``target``: which target of a
+    multi-target bundle (None: the only one; several: a ``BundleError`` listing them)."""
     root = Path(bundle_dir)
-    manifest, mapper, cache = check_bundle(root, state=state, trust_record=trust_record)
+    manifest, mapper, cache = check_bundle(
+        root, state=state, trust_record=trust_record, target=target
+    )
     provider = provider or default_provider(manifest)
     drafter, target = (
         load_graph_file(

@@ -27,6 +27,7 @@ from typing import Any
 
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
+from omnidraft_deploy.bundle.targets import parts
 from omnidraft_deploy.host.profile import Progress, load_profile, measure, save_profile
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import CostProfile
@@ -70,7 +71,8 @@ def fingerprint(bundle: OpenBundle) -> str:
 def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int = 4) -> float:
     """Median host ms per speculative step in a real greedy decode of the bundle (module
     docstring): wall time minus target and drafter calls, over the steps after the prefill."""
-    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
+    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files,
+                                folder=parts(bundle.manifest).tokenizer)  # fmt: skip
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
     prompt = tok.encode(_HOST_PROMPT)[: cap // 2]
     new = max(1, min(HOST_STEPS_TOKENS, cap - len(prompt) - 2 * draft_len - 2))
@@ -122,11 +124,13 @@ def ensure_profile(bundle: OpenBundle, state: Path, *,
 
 
 def profile_bundle(bundle_dir: Path, state: Path, *, k_max: int = 8, reps: int = 7,
-                   threads: int | None = None, progress: Progress = lambda r: r) -> Path:  # fmt: skip
+                   threads: int | None = None, progress: Progress = lambda r: r,
+                   target: str | None = None) -> Path:  # fmt: skip
     """Measure a bundle's target + drafter graphs as ``run`` opens them and save the profile to
     ``state``; the bundle is verified once (every file hashed, the record in ``state``
     refreshed); ``threads``: ONNX Runtime intra-op threads (None: the runtime's default)."""
-    bundle = open_bundle(bundle_dir, state=state, trust_record=False, threads=threads)
+    bundle = open_bundle(bundle_dir, state=state, trust_record=False, threads=threads,
+                         target=target)  # fmt: skip
     ext = {Path(g.file).suffix for g in bundle.manifest.graphs.values()}
     if ext != {".onnx"}:
         raise ValueError(f"{bundle_dir}: profile runs ONNX graphs (onnx backend) only")

@@ -21,6 +21,7 @@ from omnidraft_deploy.runtime.run import bundle_decoder
 
 from omnidraft_deploy.bundle.files import read_listed
 from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError
+from omnidraft_deploy.bundle.targets import parts, selected
 from omnidraft_deploy.checks.expected import EXPECTED_FILE, EXPECTED_ROLE
 from omnidraft_deploy.checks.expected import from_bytes as expected_from_bytes
 from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
@@ -50,13 +51,13 @@ def _reference(
     """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare): the eager
     target's output recorded at export (``expected.json``; every export writes it). A bundle
     without one is refused: no path in the manifest is ever loaded."""
-    files = bundle.manifest.files
-    if EXPECTED_FILE not in files:
+    files, rel = bundle.manifest.files, parts(bundle.manifest).expected
+    if rel not in files:
         raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against: "
                           "export the bundle again")  # fmt: skip
-    raw = read_listed(bundle.root, EXPECTED_FILE, files, role=EXPECTED_ROLE,
+    raw = read_listed(bundle.root, rel, files, role=EXPECTED_ROLE,
                       max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
-    doc = expected_from_bytes(raw, str(bundle.root / EXPECTED_FILE))
+    doc = expected_from_bytes(raw, str(bundle.root / rel))
     n = min(max_new_tokens, int(doc["max_new_tokens"]))
     rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
     return "expected.json (eager fp32 target, recorded at export)", rows, n
@@ -69,14 +70,18 @@ def validate_bundle(
     provider: str | None = None,
     progress: Callable[[Any], Any] | None = None,
     state: Path | None = None,
+    target: str | None = None,
 ) -> dict[str, Any]:
     """Greedy, per prompt: runtime target-only == the independent reference (``_reference``),
     and runtime speculative == runtime target-only. Reads the bundle only; every file is hashed
     (with the session folder ``state``, their identities are recorded for later opens).
 
-    ``progress`` wraps the loop.
+    ``progress`` wraps the loop; ``target``: which target of a multi-target bundle (one report
+    per target: ``validate`` calls this for each).
     """
-    bundle = open_bundle(bundle_dir, provider=provider, state=state, trust_record=False)
+    bundle = open_bundle(
+        bundle_dir, provider=provider, state=state, trust_record=False, target=target
+    )
     source, reference, n = _reference(bundle, max_new_tokens)
     dec = bundle_decoder(bundle, n)
     rows = []
@@ -97,6 +102,7 @@ def validate_bundle(
     exact = bundle.manifest.graphs["target"].quantization == "fp32"
     return {
         "bundle": str(bundle_dir),
+        "target": selected(bundle.manifest),
         "reference": source,
         "backend": bundle.manifest.backend,
         "provider": bundle.provider,

@@ -33,6 +33,20 @@ Schema (version 1)::
                             "top1_agreement": <float>, "prompts": <int>},
                  "decode_file": null | "<role>_decode.onnx" (qnn: the same graph at T = 1)}
 
+Schema 2: one drafter, 2 to ``MAX_TARGETS`` targets (issue 30; ``bundle.targets`` picks one)::
+
+    as schema 1, except "graphs": {"drafter": GraphInfo}, "mapping_hash": sha256 of the lines
+    "<name>:<its map's mapping_hash>\n" (names sorted), and, per target, its files in a folder
+    and its map stored by content (targets of one vocabulary share one map file):
+    "targets": {"<name>": {"graph": GraphInfo (file "targets/<name>/target.<ext>"; its .ort and
+                           .onnx.data beside it), "mapping_hash": "<hex>",
+                           "vocab_map": "maps/<first 16 hex of the file's sha256>.bin",
+                           "ngram_cache": "targets/<name>/ngram_cache.bin",
+                           "tokenizer": "targets/<name>/target_tokenizer",
+                           "expected": "targets/<name>/expected.json"}}
+
+Single-target bundles keep writing schema 1, without "targets" (readers of schema 1 open them).
+
 Validation (``validate()`` of each section, run on construction and so before anything is
 allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
 keys, at most ``MAX_MANIFEST_BYTES`` and ``MAX_JSON_DEPTH`` levels; ``file`` is ``<role>.pte`` for
@@ -55,7 +69,10 @@ from typing import Any
 from omnidraft_deploy.bundle.strict_json import check_finite, depth, loads_strict
 from omnidraft_deploy.catalog.backends import backend_names, recipe_names
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the newest schema this reader reads
+SINGLE_TARGET_VERSION = 1  # what single-target bundles write (readers of schema 1 open them)
+MULTI_TARGET_VERSION = 2  # a bundle of one drafter and several targets (``targets``)
+MAX_TARGETS = 64
 FORMAT_NAME = "omnidraft-bundle"
 MANIFEST_NAME = "manifest.json"
 BACKENDS = tuple(backend_names())  # omnidraft_deploy.catalog.backends: the one list
@@ -183,6 +200,30 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class TargetInfo:
+    """One target of a multi-target bundle: its graph and the files pairing it with the drafter."""
+
+    graph: GraphInfo  # file: targets/<name>/target.<ext>
+    mapping_hash: str  # content hash of its vocabulary map (``VocabMapper.content_hash``)
+    vocab_map: str  # maps/<hex16>.bin, shared by the targets of one vocabulary
+    ngram_cache: str  # targets/<name>/ngram_cache.bin
+    tokenizer: str  # folder of its tokenizer files: targets/<name>/target_tokenizer
+    expected: str  # targets/<name>/expected.json (``checks.expected``)
+
+    def __post_init__(self) -> None:
+        self.validate("target")
+
+    def validate(self, where: str) -> None:
+        if type(self.graph) is not GraphInfo:
+            raise ValueError(f"field {where}.graph: not a graph description")
+        if type(self.mapping_hash) is not str or not _HEX64.fullmatch(self.mapping_hash):
+            raise ValueError(f"field {where}.mapping_hash: {self.mapping_hash!r:.80} is not 64 "
+                             "lowercase hex")  # fmt: skip
+        for name in ("vocab_map", "ngram_cache", "tokenizer", "expected"):
+            check_relpath(f"{where}.{name}", getattr(self, name))
+
+
+@dataclass(frozen=True)
 class Manifest:
     backend: str
     draft_len: int
@@ -191,8 +232,11 @@ class Manifest:
     files: dict[str, FileEntry]
     created_by: str = "omnidraft-deploy 0.1.0"
     extras: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = SINGLE_TARGET_VERSION
     format: str = FORMAT_NAME
+    # schema 2: name -> target; ``bundle.targets.select`` gives the one-target view the runtime
+    # decodes with (graphs.target = that target's graph, targets = it alone)
+    targets: dict[str, TargetInfo] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -217,20 +261,50 @@ class Manifest:
             check_relpath(f"files[{rel!r:.80}]", rel)
             if rel == MANIFEST_NAME or type(entry) is not FileEntry:
                 raise ValueError(f"field files[{rel!r}]: not a file entry")
-        if type(self.graphs) is not dict or set(self.graphs) != {"drafter", "target"}:
-            raise ValueError("field graphs: must hold exactly 'drafter' and 'target'")
         ext = ".pte" if backend == "xnnpack" else ".onnx"
+        roles = {"drafter", "target"}
+        if self.targets or self.schema_version >= MULTI_TARGET_VERSION:
+            roles = self._check_targets(ext)
+        if type(self.graphs) is not dict or set(self.graphs) != roles:
+            raise ValueError(f"field graphs: must hold exactly {sorted(roles)}")
         for role, g in self.graphs.items():
-            self._check_graph(role, g, ext)
+            file = f"{role}{ext}" if role == "drafter" or not self.targets else g.file
+            self._check_graph(role, g, file)
 
-    def _check_graph(self, role: str, g: GraphInfo, ext: str) -> None:
-        where = f"graphs.{role}"
+    def _check_targets(self, ext: str) -> set[str]:
+        """Schema 2's ``targets``; the roles ``graphs`` holds: the drafter alone, or with the
+        selected target in a one-target view (``bundle.targets.select``)."""
+        if self.schema_version < MULTI_TARGET_VERSION or type(self.targets) is not dict:
+            raise ValueError(f"field targets: a schema {MULTI_TARGET_VERSION} field")
+        view = len(self.targets) == 1 and type(self.graphs) is dict and "target" in self.graphs
+        if not (view or 2 <= len(self.targets) <= MAX_TARGETS):
+            raise ValueError(f"field targets: 2 to {MAX_TARGETS} targets, got {len(self.targets)}")
+        for name, t in self.targets.items():
+            where = f"targets.{name}"
+            if not _REL_PART.fullmatch(str(name)) or type(t) is not TargetInfo:
+                raise ValueError(f"field {where:.80}: not a target name and description")
+            self._check_graph(
+                "target", t.graph, f"targets/{name}/target{ext}", where=f"{where}.graph"
+            )
+            for part, role in (("vocab_map", "vocab_map"), ("ngram_cache", "ngram_cache"),
+                               ("expected", "expected")):  # fmt: skip
+                entry = self.files.get(getattr(t, part))
+                if entry is None or entry.role != role:
+                    raise ValueError(f"field {where}.{part}: {getattr(t, part)!r} is not listed "
+                                     f"as {role} in files")  # fmt: skip
+            if t.tokenizer != f"targets/{name}/target_tokenizer":
+                raise ValueError(f"field {where}.tokenizer: {t.tokenizer!r}, a bundle has "
+                                 f"targets/{name}/target_tokenizer")  # fmt: skip
+        if view and self.graphs["target"] != next(iter(self.targets.values())).graph:
+            raise ValueError("field graphs.target: not the graph of the selected target")
+        return {"drafter", "target"} if view else {"drafter"}
+
+    def _check_graph(self, role: str, g: GraphInfo, file: str, *, where: str = "") -> None:
+        where = where or f"graphs.{role}"
         if type(g) is not GraphInfo:
             raise ValueError(f"field {where}: not a graph description")
-        if g.file != f"{role}{ext}":
-            raise ValueError(
-                f"field {where}.file: {g.file!r}, a {self.backend} bundle has {role}{ext}"
-            )
+        if g.file != file:
+            raise ValueError(f"field {where}.file: {g.file!r}, a {self.backend} bundle has {file}")
         entry = self.files.get(g.file)
         if entry is None or entry.role != f"{role}_graph":
             raise ValueError(
@@ -262,7 +336,10 @@ class Manifest:
                                  f"as {role}_graph in files")  # fmt: skip
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        doc = dataclasses.asdict(self)
+        if not self.targets:  # a single-target manifest stays schema 1's, key for key
+            del doc["targets"]
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, text: str, *, source: str | os.PathLike[str] = MANIFEST_NAME) -> Manifest:
@@ -287,10 +364,17 @@ class Manifest:
                 k: _section(FileEntry, f"files[{k!r:.80}]", v)
                 for k, v in _obj("files", raw.pop("files", None)).items()
             }
+            targets = {
+                k: _target(f"targets.{k:.80}", v)
+                for k, v in _obj("targets", raw.pop("targets", {})).items()
+            }
+            if targets and "target" in graphs:  # the one-target view is never written
+                raise ValueError("field graphs: a multi-target manifest lists its targets "
+                                 "under targets, graphs holds the drafter only")  # fmt: skip
             unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise ValueError(f"unknown fields {sorted(unknown)[:5]}")
-            return cls(graphs=graphs, files=files, **raw)
+            return cls(graphs=graphs, files=files, targets=targets, **raw)
         except (TypeError, ValueError) as e:
             raise BundleError(source, str(e)) from None
 
@@ -314,6 +398,18 @@ def _section(cls: Any, where: str, value: object) -> Any:
             .replace("field graph", f"field {where}", 1)
             .replace("field file", f"field {where}", 1)
         ) from None
+
+
+def _target(where: str, value: object) -> TargetInfo:
+    got = dict(_obj(where, value))
+    names = [f.name for f in dataclasses.fields(TargetInfo)]
+    if set(got) != set(names):
+        raise ValueError(f"field {where}: keys {sorted(got)} != {sorted(names)}")
+    graph = _section(GraphInfo, f"{where}.graph", got.pop("graph"))
+    try:
+        return TargetInfo(graph=graph, **got)
+    except ValueError as e:
+        raise ValueError(str(e).replace("field target", f"field {where}", 1)) from None
 
 
 def _parse(text: str, source: str | os.PathLike[str]) -> dict[str, Any]:

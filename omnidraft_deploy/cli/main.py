@@ -31,6 +31,8 @@ from omnidraft_deploy.cli.parser import (
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    if args.target is not None and "," in args.target:
+        return _cmd_export_multi(args)
     from omnidraft_deploy.resolve.export_inputs import (
         resolve_export,  # checks first: no torch import before
     )
@@ -69,14 +71,53 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _state(bundle: str, override: str | None) -> Path:
-    """The bundle's session folder (``bundle.state``), once its manifest reads as a bundle's: a
-    missing or foreign folder is refused (``BundleError``) before any state folder is made."""
+def _cmd_export_multi(args: argparse.Namespace) -> int:
+    """``--target A,B,C``: one bundle of one drafter and several targets (``exporters.multi``)."""
+    from omnidraft_deploy.resolve.export_inputs import resolve_export
+
+    targets = tuple(t.strip() for t in args.target.split(","))
+    drafter, quant = args.drafter or DEFAULT_DRAFTER, args.quantization
+    quant, _, drafter_quant = (quant or get_backend(args.backend).default_quantization
+                               ).partition(",")  # fmt: skip
+    out = Path(args.out or f"bundles/{'+'.join(targets)}-{args.backend}")
+    inputs = [resolve_export(target=t, drafter=drafter, model=args.model,
+                             drafter_model=args.drafter_model, out_dir=out, force=args.force,
+                             quantization=quant, default_drafter=args.drafter is None)
+              for t in targets]  # fmt: skip
+    for note in dict.fromkeys(n for i in inputs for n in i.notes):
+        print(f"note: {note}", file=sys.stderr)
+    from omnidraft_deploy.exporters.bundle import ExportConfig
+    from omnidraft_deploy.exporters.multi import MultiExportConfig, export_multi
+    from omnidraft_deploy.runtime.bundle import check_every_target
+
+    base = ExportConfig(
+        target=targets[0], drafter=drafter, backend=args.backend, quantization=quant,
+        out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=args.max_seq_len,
+        draft_len=args.draft_len, target_model=args.model, drafter_model=args.drafter_model,
+        verify=not args.no_verify,
+    )  # fmt: skip
+    with library_stdout(getattr(args, "verbose", False)):
+        path = export_multi(MultiExportConfig(base, targets), inputs, opener=check_every_target)
+    sharing = json.loads((path / "manifest.json").read_text())["extras"]["sharing"]
+    print(f"exported {path} ({args.backend}, one drafter, targets {', '.join(targets)}; "
+          f"{sharing['bundle_bytes'] / 1e6:.1f} MB against {sharing['separate_bytes'] / 1e6:.1f} "
+          f"MB as separate bundles: {sharing['saved_bytes']:,} bytes saved)\nnext:\n"
+          f"  omnidraft validate {path}\n  omnidraft run {path} --target {targets[0]} "
+          "--prompt 'def fib(n):'")  # fmt: skip
+    return 0
+
+
+def _state(bundle: str, override: str | None, target: str | None = None) -> Path:
+    """The session folder (``bundle.state``) of ``target`` of the bundle, once its manifest reads
+    as a bundle's: a missing or foreign folder, or a target the bundle lacks (or none picked of
+    several), is refused (``BundleError``) before any state folder is made; each target of a
+    multi-target bundle has its own (``bundle.targets.target_state``)."""
     from omnidraft_deploy.bundle.folder import read_manifest
     from omnidraft_deploy.bundle.state import state_dir
+    from omnidraft_deploy.bundle.targets import select, target_state
 
-    read_manifest(bundle)
-    return state_dir(bundle, override)
+    view = select(read_manifest(bundle), target, source=Path(bundle) / "manifest.json")
+    return target_state(state_dir(bundle, override), view)
 
 
 def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
@@ -97,18 +138,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from omnidraft_deploy.runtime.validate import validate_bundle
 
     ok = True
-    for bundle in args.bundles:
+    for bundle, target in _bundle_targets(args.bundles, args.target):
+        name = bundle if target is None else f"{bundle} [{target}]"
 
-        def bar(rows: Any, name: str = bundle) -> Any:
+        def bar(rows: Any, name: str = name) -> Any:
             return tqdm(rows, desc=f"validate {name}", unit="prompt", leave=False)
 
-        state = _state(bundle, args.state)
-        report = validate_bundle(bundle, max_new_tokens=args.max_new_tokens,
+        state = _state(bundle, args.state, target)
+        report = validate_bundle(bundle, max_new_tokens=args.max_new_tokens, target=target,
                                  provider=args.provider, progress=bar, state=state)  # fmt: skip
         path = state / VALIDATION_REPORT
         write_text_atomic(path, json.dumps(report, indent=2) + "\n")
         n = report["prompts"]
-        print(f"{bundle}: {report['backend']}/{report['quantization']} on {report['provider']}: "
+        print(f"{name}: {report['backend']}/{report['quantization']} on {report['provider']}: "
               f"runtime == reference {report['eager_equal']}/{n}, speculative == runtime "
               f"{report['speculative_equal']}/{n} -> {'PASS' if report['passed'] else 'FAIL'}"
               f"  (report: {path})")  # fmt: skip
@@ -116,9 +158,24 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _bundle_targets(bundles: list[str], target: str | None) -> list[tuple[str, str | None]]:
+    """(bundle, target) pairs ``validate`` checks: every target of a multi-target bundle unless
+    ``--target`` names one; None for a single-target bundle (its only target)."""
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.targets import target_names
+
+    pairs: list[tuple[str, str | None]] = []
+    for bundle in bundles:
+        manifest = read_manifest(bundle)
+        names = target_names(manifest) if manifest.targets and target is None else [target]
+        pairs += [(bundle, name) for name in names]
+    return pairs
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     import torch
 
+    from omnidraft_deploy.bundle.targets import parts
     from omnidraft_deploy.cli.streaming import TextStreamer
     from omnidraft_deploy.runtime.bundle import open_bundle
     from omnidraft_deploy.runtime.run import run_bundle, target_only
@@ -127,15 +184,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
     prompt = _prompt_text(args.prompt, args.prompt_file)
-    state = _state(args.bundle, args.state)
-    bundle = open_bundle(args.bundle, provider=args.provider, state=state,
+    state = _state(args.bundle, args.state, args.target)
+    bundle = open_bundle(args.bundle, provider=args.provider, state=state, target=args.target,
                          trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
-    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
+    tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files,
+                                folder=parts(bundle.manifest).tokenizer)  # fmt: skip
     text = render_chat(getattr(tok, "chat_template", None), prompt) if args.chat else prompt
     greedy = Mode(args.mode) is Mode.GREEDY
     cfg = DecodeConfig(mode=Mode(args.mode), temperature=0.0 if greedy else args.temperature,
                        top_p=None if greedy else args.top_p, max_new_tokens=args.max_new_tokens)  # fmt: skip
-    stream = TextStreamer(tok, sys.stdout, sys.stderr if args.step_stats else None)
+    stream = TextStreamer(tok, sys.stdout, sys.stderr if args.stats == "steps" else None)
     if not args.chat:
         sys.stdout.write(prompt)
     ids = tok.encode(text)
@@ -179,10 +237,15 @@ def _print_stats(stats: Any, base: Any, *, identical: bool | None) -> None:
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.manifest import BundleError
     from omnidraft_deploy.distill.adapt import AdaptConfig
     from omnidraft_deploy.exporters.publish import publish_drafter
     from omnidraft_deploy.runtime.adapt import adapt_bundle
 
+    if read_manifest(args.bundle).targets:
+        raise BundleError(args.bundle, "a multi-target bundle: adapting its shared drafter on "
+                          "one target's traffic is not supported yet (issue 30)")  # fmt: skip
     prompts = [ids for _, ids in _bundle_prompts(args.bundle)]
     base = AdaptConfig()
     cfg = AdaptConfig(
@@ -203,12 +266,12 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from omnidraft_deploy.bundle.state import state_dir
     from omnidraft_deploy.runtime.profile import profile_bundle
 
     path = profile_bundle(
-        Path(args.bundle), state_dir(args.bundle, args.state), k_max=args.k_max, reps=args.reps,
-        threads=args.threads, progress=lambda r: tqdm(r, desc="profile", unit="round"),
+        Path(args.bundle), _state(args.bundle, args.state, args.target), k_max=args.k_max,
+        reps=args.reps, threads=args.threads, target=args.target,
+        progress=lambda r: tqdm(r, desc="profile", unit="round"),
     )  # fmt: skip
     print(f"{args.bundle}: cost profile written to {path}")
     return 0

@@ -27,6 +27,7 @@ EXPORT_EXAMPLES = """examples:
   omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization int8
   omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization w8a8,int8
   omnidraft-export --target llama3-8b --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
+  omnidraft-export --target tiny-llama3-8b,tiny-qwen2-7b,tiny-vicuna-7b --backend onnx  # one drafter
 Architecture, tokenizer and special tokens come from the weights (--model, --drafter-model); a
 preset supplies the rest and must speak the same vocabulary, or the export is refused before any
 work. recipes (--quantization): """
@@ -64,7 +65,9 @@ def utf8_text(text: str) -> str:
 def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
     """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
     p.add_argument(
-        "--target", help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET})"
+        "--target",
+        help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET}); "
+        "A,B,C: one bundle of one drafter and these targets (onnx)",
     )
     p.add_argument("--drafter", help=f"drafter preset (default: {DEFAULT_DRAFTER})")
     p.add_argument("--backend", default="xnnpack", choices=backend_names(), help="graph format")
@@ -96,8 +99,12 @@ def add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+TARGET_HELP = "which target of a multi-target bundle (the error without it lists them)"
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
     p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
@@ -108,15 +115,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     p.add_argument("--state", help=STATE_HELP)
-    p.add_argument("--stats", action="store_true",
-                   help="also run target-only: speedup, acceptance, identical? (stderr)")  # fmt: skip
-    p.add_argument("--step-stats", action="store_true", help="per-step stats on stderr")
+    p.add_argument("--stats", nargs="?", const="summary", choices=["summary", "steps"],
+                   help="also run target-only: speedup, acceptance, identical? (stderr); "
+                        "'--stats steps': and every step's proposals")  # fmt: skip
 
 
 def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None:
     """``validate``, ``run``, ``profile``, ``adapt``: verbs over an exported bundle."""
     p = _verb(sub, "validate", "check bundles against their recorded reference", handlers, common)
     p.add_argument("bundles", nargs="+")
+    p.add_argument("--target", help="check this target only (default: every target)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     p.add_argument("--state", help=STATE_HELP)
@@ -129,6 +137,7 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--k-max", type=int, default=8, help="longest draft: verify widths 1..k+1")
     p.add_argument("--reps", type=int, default=7, help="interleaved rounds (medians kept)")
     p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
+    p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--state", help=STATE_HELP)
     p = _verb(sub, "adapt", "adapt a bundle's drafter online, then publish it", handlers, common)
     p.add_argument("bundle")

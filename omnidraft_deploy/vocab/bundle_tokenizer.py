@@ -37,14 +37,18 @@ def tokenizer_files(tok: Any) -> dict[str, bytes]:
     return files
 
 
-def load_bundle_tokenizer(root: Path, role: str, files: dict[str, FileEntry]) -> TokenizerLike:
-    """The ``role`` tokenizer of the bundle at ``root`` (``files``: the manifest's listing)."""
+def load_bundle_tokenizer(
+    root: Path, role: str, files: dict[str, FileEntry], *, folder: str | None = None
+) -> TokenizerLike:
+    """The ``role`` tokenizer of the bundle at ``root`` (``files``: the manifest's listing);
+    ``folder``: where its files are (default ``<role>_tokenizer``; a target of a multi-target
+    bundle: ``bundle.targets.parts(manifest).tokenizer``)."""
     from omnidraft_deploy.bundle.files import read_listed
     from omnidraft_deploy.bundle.manifest import BundleError
     from omnidraft_deploy.vocab import gguf_vocab as gv
     from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
 
-    folder, kind = f"{role}_tokenizer", f"{role}_tokenizer"
+    folder, kind = folder or f"{role}_tokenizer", f"{role}_tokenizer"
 
     def read(name: str) -> bytes | None:
         rel = f"{folder}/{name}"

@@ -94,8 +94,8 @@ def test_cli_run_streams_text_and_step_stats(
     manifest = read_manifest(copy)
     provider = "qnn" if manifest.backend == "qnn" else "cpu"
     prompt = "def add(a, b):"
-    args = ["run", str(copy), "--prompt", prompt, "--max-new-tokens", "6", "--step-stats"]
-    args += ["--stats", "--state", str(tmp_path / "state")]
+    args = ["run", str(copy), "--prompt", prompt, "--max-new-tokens", "6", "--stats", "steps"]
+    args += ["--state", str(tmp_path / "state")]
     assert main([*args, "--provider", provider]) == 0
     text, err = capsys.readouterr()  # stats go to stderr, the text alone to stdout
     stats = json.loads(err.strip().splitlines()[-1])

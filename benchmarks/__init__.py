@@ -9,6 +9,8 @@ and mapper from the library's one loader, ``SpeculativeDecoder`` wired in one pl
 round-robin timer (``timer``: methods interleaved per prompt, torch threads set explicitly, load
 average recorded), the report writer (``report``: JSON as the source, Markdown and PNG rendered
 from it, every report naming its command, git revision, machine and load) and the peer engines
-timed beside ours (``peers``: transformers, ONNX Runtime GenAI, llama.cpp). Nothing under
-``omnidraft_deploy`` imports this package (``tests/core/test_layering.py``).
+timed beside ours (``peers``: transformers, ONNX Runtime GenAI, llama.cpp), and a drafter's
+evaluation per task (``evaluate``). ``render_reports`` re-renders every report from its JSON
+(``make reports``). Nothing under ``omnidraft_deploy`` imports this package, and no library module
+serves only a benchmark (``tests/core/test_layering.py``).
 """

@@ -209,7 +209,8 @@ def real_pair_png(d: dict[str, Any], src: Path) -> list[Path]:
     predicted speedup of every configuration over our target-only."""
     plt, out = pyplot(), []
     summ, meta = d["summary"], d["chunks"][0]
-    quant, target = meta.get("target_quant", "int8"), meta.get("target", "qwen2.5-0.5b")
+    quant, target = meta.get("target_quant", "int8"), meta.get("target", "Qwen2.5-Coder-0.5B")
+    modes = meta.get("modes", "greedy")  # greedy rows, or greedy,exact (sampled rows too)
     for task in ordered_tasks(t for per in summ.values() for t in per if t != "overall"):
         names = [m for m, per in summ.items() if task in per and m != "ours_target"]
         if not names:
@@ -224,7 +225,7 @@ def real_pair_png(d: dict[str, Any], src: Path) -> list[Path]:
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("speedup vs our ORT target-only")
-        ax.set_title(f"{src.stem}, {task}: {target} {quant} ORT target")
+        ax.set_title(f"{src.stem}, {task}: {target} {quant} ORT, {modes.replace(',', ' + ')}")
         ax.legend(fontsize=7)
         fig.tight_layout()
         out.append(save_figure(fig, src.with_name(f"{src.stem}_{task}.png")))

@@ -326,10 +326,13 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def to_markdown(result: dict[str, Any]) -> str:
     """The report from its JSON (``verify_ms`` keyed by T as text)."""
+    meta = result.get("meta") or {"command": result["command"], "threads": result["threads"],
+                                  "load_avg_start": result["load_before"],
+                                  "load_avg_end": result["load_after"]}  # runs before run_meta  # fmt: skip
     lines = [
         "# Runtime speed: our ONNX graphs vs ONNX Runtime GenAI vs ExecuTorch",
         "",
-        *meta_lines(result["meta"]),
+        *meta_lines(meta),
         f"Medians of {result['rounds']} round-robin rounds; ratios are what this run shows (the "
         "machine is shared).",
         "",

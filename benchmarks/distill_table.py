@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.evaluate import EvalSettings, answer_prefix, evaluate_drafter
 from benchmarks.common.pair import load_pair, make_decoder
 from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
 from omnidraft_deploy.catalog.presets import get_preset
@@ -73,16 +74,6 @@ class Setup:
     prompts: dict[str, list[list[int]]]  # task -> target-id prompts (adaptation then eval)
 
 
-_MARKERS = ("\nAnswer:", "\nAssistant:", "\nSummary:")  # prompt ends where the answer starts
-
-
-def _prompt_text(doc: str) -> str | None:
-    for marker in _MARKERS:
-        if marker in doc:
-            return doc[: doc.index(marker) + len(marker)]
-    return None
-
-
 def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]]]:
     """Held-out prompts per task: up to the answer marker (<= 200 tokens), else the first
     ``prompt_tokens`` tokens of the document."""
@@ -94,7 +85,7 @@ def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]
     for task in cfg.tasks:
         prompts = []
         for doc in held[task]:
-            head = _prompt_text(doc)
+            head = answer_prefix(doc)  # the prompt ends where the answer starts
             ids = bos + tok.encode(head) if head is not None else []
             if not 4 <= len(ids) <= 200:
                 ids = (bos + tok.encode(doc))[: cfg.prompt_tokens]
@@ -132,22 +123,13 @@ def evaluate(
     prompts: list[list[int]],
     cfg: TableConfig,
 ) -> dict[str, float]:
-    dec = _decoder(setup, drafter, cfg)  # one fresh n-gram cache for the whole eval stream
-    acc = prop = gen = calls = 0
-    for p in prompts:
-        _, st = dec.generate(p)
-        acc, prop, gen, calls = (
-            acc + st.accepted,
-            prop + st.proposed,
-            gen + st.n_generated,
-            calls + st.target_calls,
-        )
-    return {
-        "acceptance_rate": acc / max(prop, 1),
-        "tokens_per_target_call": gen / max(calls, 1),
-        "accepted": acc,
-        "proposed": prop,
-    }
+    """Acceptance and target tokens per call on ``prompts`` (one fresh n-gram cache for the
+    whole stream)."""
+    settings = EvalSettings(draft_len=cfg.draft_len, max_new_tokens=cfg.max_new_tokens)
+    figs, _ = evaluate_drafter(EagerLM(setup.target), drafter, setup.mapper, prompts, settings,
+                               teacher_forced=False)  # fmt: skip
+    keep = ("acceptance_rate", "tokens_per_target_call", "accepted", "proposed")
+    return {k: figs[k] for k in keep}
 
 
 def adapt_config(cfg: TableConfig, lam: float, *, sgd: bool = False) -> AdaptConfig:

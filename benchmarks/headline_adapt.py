@@ -182,7 +182,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runtime", choices=["ort", "eager"], default="ort")
     ap.add_argument("--n-adapt", type=int, default=16)
@@ -196,7 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--out-dir", default="reports/headline_adapt")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()
@@ -226,20 +230,19 @@ def main(argv: list[str] | None = None) -> None:
                        ngram_cache=adapt_cache)  # fmt: skip
     report = adapt_stream(dec, make_distiller(adapted, mapper, acfg), adapt_p)
     res["adapt_wall_s"], res["adapt_acceptance_trace"] = report.seconds, report.acceptance
-    if swap_to is None:
-        after_lm: CausalLM = EagerLM(adapted)
-    else:
+    after_lm: CausalLM = EagerLM(adapted)
+    if swap_to is not None:
         probe = [1] + load_tokenizer("llama2").encode("def main():\n    return 0")
         after_lm, swap = _swap_drafter(*swap_to, adapted, swap_to[0].with_name("drafter-after.onnx"),
                                        probe)  # fmt: skip
         res |= swap
     # before: the shipped state (empty n-gram cache); after: adapted weights and the n-gram
     # cache grown during adaptation (both are the drafter's online state)
-    methods = {"ours_target": target_run(target_lm, cfg)}
-    for row, lm, cache in (("ours_before", before_lm, NGramCache()),
-                           ("ours_after", after_lm, copy.deepcopy(adapt_cache))):  # fmt: skip
-        dec = make_decoder(target_lm, lm, mapper, cfg, policy=a.policy, ngram_cache=cache)
-        methods[row] = decoder_run(dec)
+    drafters = {"ours_before": (before_lm, NGramCache()),
+                "ours_after": (after_lm, copy.deepcopy(adapt_cache))}  # fmt: skip
+    methods = {"ours_target": target_run(target_lm, cfg)} | {
+        row: decoder_run(make_decoder(target_lm, lm, mapper, cfg, policy=a.policy, ngram_cache=c))
+        for row, (lm, c) in drafters.items()}  # fmt: skip
     res["eval"], outs = _side_by_side(methods, eval_p, a.threads)
     for k, model in (("before", drafter), ("after", adapted)):
         res["eval"][k]["teacher_forced_top1"] = teacher_forced_top1(model, mapper, eval_p, outs)

@@ -185,6 +185,16 @@ def _fmt(v: Any, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _chunk_line(m: dict[str, Any]) -> str:
+    """One chunk's run: its command, load, threads, revision and machine."""
+    machine = m.get("machine") or {}
+    return (f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
+            f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
+            f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
+            f"tokens, repeats {m['repeats']}; revision {m.get('revision', '-')}, "
+            f"{machine.get('cpu', '-')} ({machine.get('cpus', '-')} CPUs)")  # fmt: skip
+
+
 def to_markdown(d: dict[str, Any]) -> str:
     """The report from its JSON: per chunk its run, the cost profile, the cost-model terms of
     every speculative configuration, and one table per task."""
@@ -193,13 +203,7 @@ def to_markdown(d: dict[str, Any]) -> str:
     quant = metas[0].get("target_quant", "int8")
     target = metas[0].get("target", "qwen2.5-0.5b")
     lines = [f"# real_pair: {target} target on ONNX Runtime ({quant} graph)", ""]
-    for m in metas:
-        machine = m.get("machine") or {}
-        lines.append(f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
-                     f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
-                     f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
-                     f"tokens, repeats {m['repeats']}; revision {m.get('revision', '-')}, "
-                     f"{machine.get('cpu', '-')} ({machine.get('cpus', '-')} CPUs)")  # fmt: skip
+    lines += [_chunk_line(m) for m in metas]
     lines += ["", "## Cost profile (ms, medians of interleaved calls, first chunk)", "",
               "| graph | T=1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |", "|---|" + "---|" * 9]  # fmt: skip
     p0 = profs[""]

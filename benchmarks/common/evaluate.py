@@ -39,12 +39,17 @@ class EvalSettings:
             raise ValueError(f"bad evaluation settings {self}")
 
 
-def prompt_text(doc: str, max_chars: int = 600) -> str:
-    """The document up to its answer marker, else its first ``max_chars`` characters."""
+def answer_prefix(doc: str) -> str | None:
+    """The document up to (and with) its first answer marker, or None without one."""
     for marker in _MARKERS:
         if marker in doc:
             return doc[: doc.index(marker) + len(marker)]
-    return doc[:max_chars]
+    return None
+
+
+def prompt_text(doc: str, max_chars: int = 600) -> str:
+    """The document up to its answer marker, else its first ``max_chars`` characters."""
+    return answer_prefix(doc) or doc[:max_chars]
 
 
 def task_prompts(
@@ -89,9 +94,12 @@ def evaluate_drafter(
     prompts: list[list[int]],
     settings: EvalSettings,
     eos_ids: tuple[int, ...] = (),
+    *,
+    teacher_forced: bool = True,
 ) -> tuple[dict[str, float], list[list[int]]]:
     """Greedy speculative decoding of ``prompts`` with ``drafter`` (eager) against ``target``
-    (a ``CausalLM``). Returns (figures, generated target ids per prompt)."""
+    (a ``CausalLM``), one decoder (and n-gram cache) for the whole stream. Returns (figures,
+    generated target ids per prompt); ``teacher_forced``: also the drafter's top-1 agreement."""
     cfg = DecodeConfig(max_new_tokens=settings.max_new_tokens, eos_ids=eos_ids,
                        vocab_limit=mapper.target_vocab_size)  # fmt: skip
     dec = make_decoder(target, EagerLM(drafter), mapper, cfg, draft_len=settings.draft_len,
@@ -106,8 +114,11 @@ def evaluate_drafter(
     figures = {
         "acceptance_rate": acc / max(prop, 1),
         "tokens_per_target_call": gen / max(calls, 1),
-        "teacher_forced_top1": teacher_forced_top1(drafter, mapper, prompts, outputs),
+        "accepted": acc,
+        "proposed": prop,
         "prompts": float(len(prompts)),
         "generated": float(gen),
     }
+    if teacher_forced:
+        figures["teacher_forced_top1"] = teacher_forced_top1(drafter, mapper, prompts, outputs)
     return figures, outputs

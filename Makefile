@@ -100,10 +100,10 @@ test: assets lint java-deps
 slow: models
 	$(BIN)/pytest -m slow
 
-# re-render reports/<benchmark>/*.md and *.png from the JSON beside them (docs/render_reports.py;
+# re-render reports/<benchmark>/*.md and *.png from the JSON beside them (benchmarks/render_reports.py;
 # it lists the reports it keeps as written). Needs only the venv's matplotlib.
 reports: venv
-	$(BIN)/python docs/render_reports.py
+	$(BIN)/python -m benchmarks.render_reports
 
 clean:
 	rm -rf $(VENV) $(BUNDLES) build dist *.egg-info

@@ -8,7 +8,7 @@ set. The evaluation set is decoded greedily before and after adaptation with a f
 (every step proposes, so acceptance compares like with like), and each output is checked against
 the target-only output. Acceptance only: the eager drafter's speed is not the product's.
 
-    python benchmarks/adapt_bundle.py --bundle bundles/q15-w8a8 --n-adapt 16 --n-eval 8
+    python -m benchmarks.adapt_bundle --bundle bundles/q15-w8a8 --n-adapt 16 --n-eval 8
 
 Writes ``reports/adapt_bundle/<name>.{json,md}`` (command, git revision, CPU, load average).
 """

@@ -1,6 +1,6 @@
 """Does the target graph give the same logits for a token fed alone and inside a T-token call?
 
-    .venv/bin/python benchmarks/batch_invariance.py --quant fp32,int8 [--widths 2,5,9] [--tokens 64]
+    .venv/bin/python -m benchmarks.batch_invariance --quant fp32,int8 [--widths 2,5,9] [--tokens 64]
 
 Greedy speculative output equals target-only output only if the graph's argmax does not depend on
 how many tokens one call feeds (a verification call feeds ``1 + proposals``; target-only feeds 1).
@@ -8,24 +8,25 @@ For every ``--every``-th benchmark prompt: decode target-only with 1-token calls
 call's logits row, then re-score the same text in ``width``-token calls, as verification does, and
 count the rows whose logits are not bitwise equal, the largest |difference|, and the positions
 whose argmax changes (with the top-1/top-2 logit gap: near-ties). The summary goes to
-``--out`` (JSON, one object per graph) and the log.
+``--out`` (JSON, one object per graph; the ``.md`` beside it is rendered from it by
+``render_reports.batch_invariance_md``, as ``make reports`` does) and the log.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import ort_pair as op  # type: ignore[import-not-found]  # benchmarks/, beside this script
 import torch
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks import ort_pair as op
+from benchmarks.common.pair import prompt_texts
+from benchmarks.common.report import run_meta, write_report
+from benchmarks.render_reports import batch_invariance_md
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
@@ -111,17 +112,15 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    raw = json.loads(resources.files("omnidraft_deploy").joinpath(
-        "data/real_pair_prompts.json").read_text("utf-8"))  # fmt: skip
+    raw = prompt_texts()
     widths = [int(w) for w in a.widths.split(",")]
     load0, t0 = os.getloadavg(), time.strftime("%H:%M", time.gmtime())
     graphs = [run_graph(q, raw[:: a.every], widths, a.tokens, a.threads)
               for q in a.quant.split(",")]  # fmt: skip
-    meta = {"command": "benchmarks/batch_invariance.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items()),  # fmt: skip
-        "prompts": len(raw[:: a.every]), "utc": f"{t0}-{time.strftime('%H:%M', time.gmtime())}",
-        "load_avg_start": load0, "load_avg_end": os.getloadavg()}  # fmt: skip
-    write_text_atomic(Path(a.out), json.dumps({"meta": meta, "graphs": graphs}, indent=1))
+    meta = {**run_meta(threads=a.threads, load_avg_start=load0), "prompts": len(raw[:: a.every]),
+            "utc": f"{t0}-{time.strftime('%H:%M', time.gmtime())}"}  # fmt: skip
+    write_report(Path(a.out).with_suffix(""), {"meta": meta, "graphs": graphs},
+                 markdown=lambda d: batch_invariance_md(d, Path(a.out)))  # fmt: skip
     for g in graphs:
         log.info("%s: batch-invariant %s; %s", g["graph"], g["batch_invariant"],
                  {w: (v["rows_not_bitwise_equal"], v["argmax_changes"]) for w, v in

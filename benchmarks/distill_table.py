@@ -11,7 +11,7 @@ its parity with the exported ExecuTorch/ONNX steps is tested in tests/exporters.
 Drift: one stream whose task switches half-way (math -> code by default); acceptance per prompt of
 the frozen drafter vs the online one, plotted to reports/distill_table/distill_drift.png.
 
-    .venv/bin/python benchmarks/distill_table.py [--n-adapt 24 --n-eval 6 --tasks math,code]
+    .venv/bin/python -m benchmarks.distill_table [--n-adapt 24 --n-eval 6 --tasks math,code]
 Writes reports/distill_table/distill_table.{json,md} and distill_drift.png beside them.
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +28,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.evaluate import EvalSettings, answer_prefix, evaluate_drafter
+from benchmarks.common.pair import load_pair, make_decoder
+from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, build_corpus, split
@@ -35,10 +38,7 @@ from omnidraft_deploy.distill.pretrain import pretrain_config
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
-from omnidraft_deploy.resolve.load import load_model
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen
-from omnidraft_deploy.vocab.build import build_mapper
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
@@ -74,16 +74,6 @@ class Setup:
     prompts: dict[str, list[list[int]]]  # task -> target-id prompts (adaptation then eval)
 
 
-_MARKERS = ("\nAnswer:", "\nAssistant:", "\nSummary:")  # prompt ends where the answer starts
-
-
-def _prompt_text(doc: str) -> str | None:
-    for marker in _MARKERS:
-        if marker in doc:
-            return doc[: doc.index(marker) + len(marker)]
-    return None
-
-
 def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]]]:
     """Held-out prompts per task: up to the answer marker (<= 200 tokens), else the first
     ``prompt_tokens`` tokens of the document."""
@@ -95,7 +85,7 @@ def make_prompts(cfg: TableConfig, target_name: str) -> dict[str, list[list[int]
     for task in cfg.tasks:
         prompts = []
         for doc in held[task]:
-            head = _prompt_text(doc)
+            head = answer_prefix(doc)  # the prompt ends where the answer starts
             ids = bos + tok.encode(head) if head is not None else []
             if not 4 <= len(ids) <= 200:
                 ids = (bos + tok.encode(doc))[: cfg.prompt_tokens]
@@ -115,28 +105,16 @@ def split_prompts(prompts: list[list[int]], cfg: TableConfig) -> tuple[list, lis
 
 def load_setup(cfg: TableConfig, target_name: str | None = None) -> Setup:
     target_name = target_name or cfg.target
-    d_spec, t_spec = get_preset(cfg.drafter), get_preset(target_name)  # resolved once
-    mapper = build_mapper(load_tokenizer(d_spec.tokenizer), load_tokenizer(t_spec.tokenizer))
-    return Setup(
-        load_model(t_spec),
-        load_model(d_spec),
-        mapper,
-        make_prompts(cfg, target_name),
-    )
+    pair = load_pair(target_name, cfg.drafter)
+    return Setup(pair.target, pair.drafter, pair.mapper, make_prompts(cfg, target_name))
 
 
 def _decoder(setup: Setup, drafter: Transformer, cfg: TableConfig) -> SpeculativeDecoder:
     dcfg = DecodeConfig(
         max_new_tokens=cfg.max_new_tokens, vocab_limit=setup.mapper.target_vocab_size
     )
-    return SpeculativeDecoder(
-        EagerLM(setup.target),
-        EagerLM(drafter),
-        setup.mapper,
-        FixedDraftLen(cfg.draft_len),
-        NGramCache(),
-        config=dcfg,
-    )
+    return make_decoder(EagerLM(setup.target), EagerLM(drafter), setup.mapper, dcfg,
+                        draft_len=cfg.draft_len, ngram_cache=NGramCache())  # fmt: skip
 
 
 def evaluate(
@@ -145,22 +123,13 @@ def evaluate(
     prompts: list[list[int]],
     cfg: TableConfig,
 ) -> dict[str, float]:
-    dec = _decoder(setup, drafter, cfg)  # one fresh n-gram cache for the whole eval stream
-    acc = prop = gen = calls = 0
-    for p in prompts:
-        _, st = dec.generate(p)
-        acc, prop, gen, calls = (
-            acc + st.accepted,
-            prop + st.proposed,
-            gen + st.n_generated,
-            calls + st.target_calls,
-        )
-    return {
-        "acceptance_rate": acc / max(prop, 1),
-        "tokens_per_target_call": gen / max(calls, 1),
-        "accepted": acc,
-        "proposed": prop,
-    }
+    """Acceptance and target tokens per call on ``prompts`` (one fresh n-gram cache for the
+    whole stream)."""
+    settings = EvalSettings(draft_len=cfg.draft_len, max_new_tokens=cfg.max_new_tokens)
+    figs, _ = evaluate_drafter(EagerLM(setup.target), drafter, setup.mapper, prompts, settings,
+                               teacher_forced=False)  # fmt: skip
+    keep = ("acceptance_rate", "tokens_per_target_call", "accepted", "proposed")
+    return {k: figs[k] for k in keep}
 
 
 def adapt_config(cfg: TableConfig, lam: float, *, sgd: bool = False) -> AdaptConfig:
@@ -273,12 +242,7 @@ def run_drift(setup: Setup, cfg: TableConfig) -> dict[str, list]:
 
 
 def plot_drift(drift: dict[str, list], path: Path, title: str) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = pyplot().subplots(figsize=(7, 3.5))
     for key in ("frozen", "online"):
         ax.plot(drift[key], marker="o", ms=3, label=f"{key} drafter")
     switch = drift["stream"].index(drift["stream"][-1])
@@ -286,8 +250,15 @@ def plot_drift(drift: dict[str, list], path: Path, title: str) -> None:
     ax.set(xlabel="prompt index in stream", ylabel="acceptance rate", title=title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
+
+
+def plot(result: dict, path: Path) -> None:
+    """The drift plot (``distill_drift.png`` beside the table), when the run had a drift."""
+    if "drift" in result:
+        cfg = result["config"]
+        plot_drift(result["drift"], path.with_name("distill_drift.png"),
+                   f"task drift {cfg['drift'][0]} -> {cfg['drift'][1]}, target {cfg['target']}")  # fmt: skip
 
 
 def to_markdown(result: dict) -> str:
@@ -296,6 +267,7 @@ def to_markdown(result: dict) -> str:
     lines = [
         f"# Online distillation: {cfg['drafter']} -> {cfg['target']}",
         "",
+        *(meta_lines(result["meta"]) if "meta" in result else []),
         "acceptance rate / mean tokens per target call, greedy, draft_len "
         f"{cfg['draft_len']}, {cfg['n_adapt']} adaptation prompts then {cfg['n_eval']} "
         "held-out eval prompts per task (PyTorch train step).",
@@ -358,22 +330,16 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = parse_args(argv)
     torch.manual_seed(0)
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()
     setup = load_setup(cfg)
     result: dict = {"config": asdict(cfg), "table": run_table(setup, cfg)}
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if cfg.drift:
         result["drift"] = run_drift(setup, cfg)
-        plot_drift(
-            result["drift"],
-            out / "distill_drift.png",
-            f"task drift {cfg.drift[0]} -> {cfg.drift[1]}, target {cfg.target}",
-        )
     result["wall_s"] = time.perf_counter() - t0
-    (out / "distill_table.json").write_text(json.dumps(result, indent=1))
-    (out / "distill_table.md").write_text(to_markdown(result))
-    log.info("wrote %s\n%s", out / "distill_table.md", to_markdown(result))
+    result["meta"] = run_meta(threads=torch.get_num_threads(), argv=argv, load_avg_start=load0)
+    stem = Path(cfg.out_dir) / "distill_table"
+    write_report(stem, result, markdown=to_markdown, plot=plot)
+    log.info("wrote %s\n%s", stem.with_suffix(".md"), to_markdown(result))
 
 
 if __name__ == "__main__":

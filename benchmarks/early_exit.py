@@ -16,11 +16,11 @@ Prompts come from the corpus's held-out split (``distill.data``; never seen by t
 per task the first ``--n-adapt`` are adaptation prompts, the next ``--n-eval`` the evaluation
 prompts (disjoint). Every row is measured on the same evaluation prompts: greedy, fixed draft
 length 4, one fresh n-gram cache per task, eager PyTorch, 2 torch threads. Columns: acceptance
-rate, target tokens per target call, teacher-forced top-1 agreement (``distill.evaluate``). All
+rate, target tokens per target call, teacher-forced top-1 agreement (``common.evaluate``). All
 rows' outputs must be identical (greedy speculation is lossless); ``--check-target`` also runs the
 target teacher-forced over prompt + output and checks its argmax reproduces the output.
 
-    .venv/bin/python benchmarks/early_exit.py [--n-adapt 3 --n-eval 2 --max-new-tokens 32]
+    .venv/bin/python -m benchmarks.early_exit [--n-adapt 3 --n-eval 2 --max-new-tokens 32]
 
 Writes reports/early_exit/early_exit.{json,md,png}; results are merged into the JSON as each (row, task) cell
 completes, so ``--rows before`` and ``--rows offline,online`` can run separately.
@@ -35,17 +35,21 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.common.evaluate import EvalSettings, evaluate_drafter, task_prompts
+from benchmarks.common.pair import make_decoder
+from benchmarks.common.report import command, pyplot, run_meta, save_figure
+from benchmarks.common.timer import forward_latency, interleaved
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.catalog.assets import cache_root
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, build_corpus, split
-from omnidraft_deploy.distill.evaluate import EvalSettings, evaluate_drafter, task_prompts
 from omnidraft_deploy.distill.offline import (
     DATA,
     distilled_path,
@@ -57,8 +61,7 @@ from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.resolve.load import load_model, truncated
-from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.speculative.decoder import DecodeConfig
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("early_exit")
@@ -92,8 +95,8 @@ def _adapted(offline: Transformer, target: Transformer, mapper: Any, prompts: li
     distiller = make_distiller(drafter, mapper, acfg)
     dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, eos_ids=eos,
                         vocab_limit=mapper.target_vocab_size)  # fmt: skip
-    dec = SpeculativeDecoder(EagerLM(target), EagerLM(drafter), mapper,
-                             FixedDraftLen(cfg.draft_len), NGramCache(), config=dcfg)  # fmt: skip
+    dec = make_decoder(EagerLM(target), EagerLM(drafter), mapper, dcfg, draft_len=cfg.draft_len,
+                       ngram_cache=NGramCache())  # fmt: skip
     rep = adapt_stream(dec, distiller, prompts)
     return drafter, {"adapt_acceptance": rep.acceptance, "optimizer_steps": rep.optimizer_steps,
                      "rolled_back": rep.rolled_back,
@@ -139,7 +142,7 @@ def run(cfg: Config, rows: tuple[str, ...], tasks: tuple[str, ...] = TASKS) -> d
     res["meta"] = {"config": asdict(cfg), "drafter": asdict(spec), "target": t_spec.name,
                    "drafter_params": sum(p.numel() for p in drafters[next(iter(drafters))]
                                          .parameters()),
-                   "load_start": os.getloadavg()}  # fmt: skip
+                   "load_start": os.getloadavg(), **run_meta(threads=cfg.threads)}  # fmt: skip
     for task in tasks:
         adapt_p, eval_p = prompts[task][: cfg.n_adapt], prompts[task][cfg.n_adapt :]
         for row in rows:
@@ -194,7 +197,6 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     from omnidraft_deploy.bundle.manifest import GraphInfo
-    from omnidraft_deploy.real_pair import forward_latency
 
     torch.set_num_threads(cfg.threads)
     spec = get_preset(cfg.drafter)
@@ -215,12 +217,12 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
                                                       quantization="int8", seq_len=None))  # fmt: skip
         lms["ort_target"] = OrtModel(target_graph, info, threads=cfg.threads)
         res["target_graph"] = str(target_graph)
-    times: dict[str, list[float]] = {k: [] for k in lms}
-    for _ in range(rounds):
-        for name, lm in lms.items():
-            times[name].append(1e3 * forward_latency(lm, n_tokens=1, context=64, reps=reps))
-    ms = {k: statistics.median(v) for k, v in times.items()}
-    res.update(ms_per_call=ms, load_end=os.getloadavg(), threads=cfg.threads)
+    times = interleaved({name: partial(forward_latency, lm, n_tokens=1, context=64, reps=reps)
+                         for name, lm in lms.items()}, rounds)  # fmt: skip
+    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    run = run_meta(threads=cfg.threads)
+    res.update(ms_per_call=ms, load_end=os.getloadavg(), threads=cfg.threads,
+               command=run["command"], revision=run["revision"], machine=run["machine"])  # fmt: skip
     res["ratio_eager"] = ms["eager_drafter"] / ms["eager_target"]
     if "ort_target" in ms:
         res["ratio_ort_fp32"] = ms["ort_drafter_fp32"] / ms["ort_target"]
@@ -257,7 +259,9 @@ def to_markdown(res: dict[str, Any], command: str) -> str:
         "Tokens per target call counts the prompt's prefill call too (so a drafter whose every "
         "draft is rejected shows n / (n + 1), not 1).",
         "",
-    ]
+        *([f"Revision {meta['revision']}; machine {meta['machine']}.", ""] if "revision" in meta
+          else []),
+    ]  # fmt: skip
     for key, title in _COLS:
         lines += [f"## {title}", "", "| drafter | " + " | ".join(tasks) + " | mean |",
                   "|---|" + "---|" * (len(tasks) + 1)]  # fmt: skip
@@ -315,11 +319,7 @@ def _identity_lines(cells: dict[str, Any], tasks: list[str]) -> list[str]:
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cells = res["cells"]
     tasks = [t for t in TASKS if any(t in cells.get(r, {}) for r in ROWS)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -336,13 +336,10 @@ def plot(res: dict[str, Any], path: Path) -> None:
                  f"{meta.get('target', 'qwen2.5-0.5b')}: before / offline / online "
                  "(held-out prompts)")  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = Config()
     ap.add_argument("--drafter", default=d.drafter)
@@ -376,10 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     elif not a.report_only:
         res = run(cfg, rows, tuple(t for t in a.tasks.split(",") if t in TASKS))
     res = _load(out / "early_exit.json")
-    command = ".venv/bin/python benchmarks/early_exit.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    write_text_atomic(out / "early_exit.md", to_markdown(res, command.strip()))
+    write_text_atomic(out / "early_exit.md", to_markdown(res, command(argv)))
     plot(res, out / "early_exit.png")
 
 

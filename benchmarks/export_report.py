@@ -1,7 +1,7 @@
 """Export real small LMs to every xnnpack / onnx recipe and record size, time, peak RSS, parity.
 
-    .venv/bin/python benchmarks/export_report.py                      # SmolLM2-135M, all recipes
-    .venv/bin/python benchmarks/export_report.py --models smollm2-135m,qwen2.5-0.5b \\
+    .venv/bin/python -m benchmarks.export_report                      # SmolLM2-135M, all recipes
+    .venv/bin/python -m benchmarks.export_report --models smollm2-135m,qwen2.5-0.5b \\
         --configs xnnpack:fp32,xnnpack:8da4w,onnx:fp32,onnx:int4
 
 Weights come from the pinned GGUF assets (``omnidraft assets fetch --models``) through
@@ -10,14 +10,15 @@ the model as one graph (role ``target``) into a temporary folder with the backen
 exporter, then reloads it (ONNX Runtime / ExecuTorch Runtime) and compares its logits with eager
 PyTorch over real prompts encoded with the model's own tokenizer (``exporters.verify``: prefill,
 single-token steps, a rollback). Peak RSS is the sampled peak of this process during the stage.
-Writes ``reports/export_report/export_report.json`` and ``.md``.
+Writes ``reports/export_report/export_report.json`` and the ``.md`` rendered from it
+(``render_reports.export_report_md``, as ``make reports`` does).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +29,8 @@ from omnidraft_deploy.exporters import get_exporter
 from omnidraft_deploy.exporters.memory import PeakRSS
 from omnidraft_deploy.exporters.verify import artifact_step, prompt_ids, reference_for
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common.report import run_meta, write_report
+from benchmarks.render_reports import export_report_md
 from omnidraft_deploy.catalog.backends import get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
@@ -94,53 +96,6 @@ def run_config(
     return row
 
 
-def _placement(row: dict[str, Any]) -> str:
-    """XNNPACK delegated/not nodes; QNN: share on the HTP and the HTP run's own parity."""
-    if cov := row.get("op_coverage"):
-        return f"XNNPACK {cov['delegated_nodes']}/{cov['non_delegated_nodes']} nodes"
-    if "htp_cpu_nodes" not in row:
-        return "-"
-    cpu = row["htp_cpu_nodes"]
-    text = "HTP 100 %" if not cpu else f"{len(cpu)} nodes off the HTP"
-    text += f", lm_head in {row['lm_head_chunks']} chunks"
-    if hp := row.get("htp_parity"):
-        text += f"; on HTP: diff {hp['max_abs_logit_diff']:.3g}, top-1 {hp['top1_agreement']:.3f}"
-    return text
-
-
-def to_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [
-        "# Export report", "",
-        f"torch {meta['torch']}, {meta['threads']} threads, max_seq_len {meta['max_seq_len']}, "
-        f"{meta['prompts']} prompts per model; parity over prefill + 3 steps + rollback.", "",
-        "| model | backend | quant | graph MB | export s (stages) | peak RSS MB | verify s | max abs diff | max logit | top-1 | pass | decode tok/s | placement |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]  # fmt: skip
-    for r in rows:
-        if "error" in r:
-            lines.append(
-                f"| {r['model']} | {r['backend']} | {r['quantization']} | failed: {r['error'][:120]} |||||||||"
-            )
-            continue
-        p, nodes = r["parity"], _placement(r)
-        stages = ", ".join(f"{k} {v['seconds']:.0f}" for k, v in r.get("stages", {}).items())
-        speed = r.get("speed", {}).get("speed_decode_tok_s")
-        lines.append(
-            f"| {r['model']} | {r['backend']} | {r['quantization']} | {r['graph_bytes'] / 2**20:.1f} "
-            f"| {r['export_s']}{f' ({stages})' if stages else ''} | {r['export_peak_rss_mb']} "
-            f"| {r['verify_s']} | {p['max_abs_logit_diff']:.3g} | {p['max_abs_logit']:.3g} "
-            f"| {p['top1_agreement']:.3f} | {r['passed']} | {f'{speed:.1f}' if speed else '-'} "
-            f"| {nodes} |"
-        )
-    ops = {op for r in rows for op in r.get("op_coverage", {}).get("non_delegated_ops", {})}
-    lines += [
-        "",
-        f"Ops left to the portable runtime (not XNNPACK): {', '.join(sorted(ops)) or '-'}",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2-135m")
@@ -154,13 +109,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     torch.set_num_threads(args.threads)
     rows: list[dict[str, Any]] = []
-    out = Path(args.out)
-    meta = {
-        "torch": torch.__version__,
-        "threads": args.threads,
-        "max_seq_len": args.max_seq_len,
-        "prompts": args.prompts,
-    }
+    out, load0 = Path(args.out), os.getloadavg()
+    facts = {"torch": torch.__version__, "max_seq_len": args.max_seq_len, "prompts": args.prompts}
     for preset in args.models.split(","):
         spec = get_preset(preset)
         with PeakRSS() as rss:
@@ -173,13 +123,11 @@ def main() -> None:
         for cfg in args.configs.split(","):
             backend, quant = cfg.split(":")
             rows.append(run_config(model, spec, backend, quant, prompts, args.htp))
-            out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a crash
-            write_text_atomic(
-                out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=2)
-            )
-            write_text_atomic(out.with_suffix(".md"), to_markdown(rows, meta))
+            meta = run_meta(threads=args.threads, load_avg_start=load0) | facts
+            src = write_report(out, {"meta": meta, "rows": rows},  # partial results survive a crash
+                               markdown=lambda d: export_report_md(d, out.with_suffix(".json")))  # fmt: skip
         del model
-    print(to_markdown(rows, meta))
+    print(src.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

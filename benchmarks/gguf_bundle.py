@@ -1,8 +1,8 @@
 """A bundle's target graph against its GGUF: top-1 on 12 prompts, row invariance, decode speed.
 
-    PYTHONPATH=$PWD python benchmarks/gguf_bundle.py top1 --bundle B --out F.json
-    PYTHONPATH=$PWD python benchmarks/gguf_bundle.py rows --bundle B --out F.json
-    /work/tools/quiet.sh python benchmarks/gguf_bundle.py speed --bundle B [B2 ...] --threads 2 --out F.json
+    PYTHONPATH=$PWD python -m benchmarks.gguf_bundle top1 --bundle B --out F.json
+    PYTHONPATH=$PWD python -m benchmarks.gguf_bundle rows --bundle B --out F.json
+    /work/tools/quiet.sh python -m benchmarks.gguf_bundle speed --bundle B [B2 ...] --threads 2 --out F.json
 
 - ``top1``: ``checks.parity.parity`` (the export's verification: prefill, greedy single steps and
   a rollback, every row compared) of the reloaded target graph against the eager fp32 model (the

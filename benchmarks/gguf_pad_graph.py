@@ -1,6 +1,6 @@
 """Rewrite a gguf4 target graph exported before the 4-bit row pad (e92020e) into the padded form.
 
-    PYTHONPATH=$PWD python benchmarks/gguf_pad_graph.py --bundle bundles/q15-q4 --out bundles/q15-q4-pad
+    PYTHONPATH=$PWD python -m benchmarks.gguf_pad_graph --bundle bundles/q15-q4 --out bundles/q15-q4-pad
 
 The padded form is what ``exporters.onnx.gguf_grid._matmul`` writes now (``ROW_PAD``):
 - each 4-bit MatMulNBits ``<name>/nbits`` and its block-sum Reshape ``<name>/split`` take

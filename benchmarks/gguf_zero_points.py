@@ -15,7 +15,7 @@ Error: max and RMS of ``y - x @ w.T`` relative to the RMS of ``x @ w.T`` (float6
 dequantised weights), x from a fixed normal draw. Speed: median ms per call, T = 1 and T = 5,
 ``--threads`` intra-op threads. Run under /work/tools/quiet.sh:
 
-    PYTHONPATH=$PWD python benchmarks/gguf_zero_points.py --threads 2 --out reports/quant_gguf
+    PYTHONPATH=$PWD python -m benchmarks.gguf_zero_points --threads 2 --out reports/quant_gguf
 """
 
 from __future__ import annotations

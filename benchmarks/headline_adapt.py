@@ -15,7 +15,7 @@ adapted weights are then swapped into the drafter's ONNX graph by initializer na
 speculative with the pre-trained drafter, speculative with the adapted drafter. Greedy outputs of
 all three must be identical (checked, reported).
 
-    .venv/bin/python benchmarks/headline_adapt.py [--n-adapt 16 --n-eval 6 --max-new-tokens 48]
+    .venv/bin/python -m benchmarks.headline_adapt [--n-adapt 16 --n-eval 6 --max-new-tokens 48]
 
 Writes reports/headline_adapt/headline_adapt.{json,md,png}. Slow (the first run exports the 0.5B target to ONNX,
 ~2 GB, cached under the asset cache); needs ``omnidraft assets fetch --models``.
@@ -29,12 +29,15 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.common.evaluate import teacher_forced_top1
+from benchmarks.common.pair import load_pair, make_decoder
+from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
+from benchmarks.common.timer import RunFn, decoder_run, run_side_by_side, target_run
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import build_corpus, split
@@ -43,21 +46,14 @@ from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
-from omnidraft_deploy.resolve.load import load_model
-from omnidraft_deploy.speculative.decoder import (
-    DecodeConfig,
-    SpeculativeDecoder,
-    generate_target_only,
-)
-from omnidraft_deploy.speculative.draft_len import make_policy
-from omnidraft_deploy.speculative.stats import DecodeStats
-from omnidraft_deploy.vocab.build import build_mapper
+from omnidraft_deploy.speculative.decoder import DecodeConfig
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("headline_adapt")
 DRAFTER = "trained-llama2-drafter"
 TARGET = "qwen2.5-0.5b"
-RunFn = Callable[[list[int]], tuple[list[int], DecodeStats]]
+# timer method -> the row it is in the report (``ours_*``: compared with ``ours_target``)
+ROWS = {"ours_target": "target_only", "ours_before": "before", "ours_after": "after"}
 
 
 def _prompts(n: int, prompt_tokens: int) -> list[list[int]]:
@@ -109,79 +105,35 @@ def _swap_drafter(
     return model, {"swap_s": seconds, "swap_max_abs_logit_diff": float(diff)}
 
 
-def _decoder(
-    target: CausalLM,
-    drafter: CausalLM,
-    mapper: Any,
-    cfg: DecodeConfig,
-    policy: str,
-    cache: NGramCache,
-) -> RunFn:
-    dec = SpeculativeDecoder(target, drafter, mapper, make_policy(policy, 4), cache, config=cfg)
-    return lambda p: dec.generate(p)
-
-
-def _side_by_side(
-    methods: dict[str, RunFn], prompts: list[list[int]]
-) -> tuple[dict[str, Any], list[list[int]]]:
-    """Round-robin per prompt (so load drift hits every method alike): sums per method, and the
-    target-only outputs."""
-    runs: dict[str, list[tuple[list[int], DecodeStats]]] = {m: [] for m in methods}
-    for i, p in enumerate(prompts):
-        for name, fn in methods.items():
-            runs[name].append(fn(p))
-            log.info(
-                "eval prompt %d/%d %s: %.2f s", i + 1, len(prompts), name, runs[name][-1][1].wall_s
-            )
-    ref = [out for out, _ in runs["target_only"]]
-    res: dict[str, Any] = {}
-    for name, rs in runs.items():
-        wall = sum(st.wall_s for _, st in rs)
-        n = sum(st.n_generated for _, st in rs)
-        res[name] = {
-            "wall_s": wall,
-            "n_generated": n,
-            "tokens_per_s": n / wall,
-            "acceptance_rate": sum(st.accepted for _, st in rs)
-            / max(1, sum(st.proposed for _, st in rs)),
-            "tokens_per_target_call": n / max(1, sum(st.target_calls for _, st in rs)),
-            "identical_to_target_only": sum(o == r for (o, _), r in zip(rs, ref, strict=True)),
-        }
-    for r in res.values():
-        r["speedup_vs_target"] = r["tokens_per_s"] / res["target_only"]["tokens_per_s"]
-    return res, ref
-
-
-@torch.no_grad()
-def _teacher_forced_top1(
-    drafter: Transformer, mapper: Any, prompts: list[list[int]], outputs: list[list[int]]
-) -> float:
-    """Share of the target's continuation (spelled in drafter ids) the drafter predicts top-1,
-    teacher-forced: what the drafter learned, independent of the draft-length policy."""
-    from omnidraft_deploy.distill.align import translate
-
-    hits = total = 0
-    for p, o in zip(prompts, outputs, strict=True):
-        ids, spans = translate(mapper, p + o)
-        start = spans[len(p)][0] if o else len(ids)
-        pred = drafter.forward_train(torch.tensor(ids)[None])[0].argmax(-1)
-        hits += int((pred[start - 1 : -1] == torch.tensor(ids[start:])).sum())
-        total += len(ids) - start
-    return hits / max(total, 1)
+def _side_by_side(methods: dict[str, RunFn], prompts: list[list[int]],
+                  threads: int) -> tuple[dict[str, Any], list[list[int]]]:  # fmt: skip
+    """Round-robin per prompt (``common.timer``: load drift hits every method alike): sums per
+    report row, and the target-only outputs."""
+    res = run_side_by_side(methods, [("code", p) for p in prompts], threads=threads, repeats=1,
+                           warmup=False)  # fmt: skip
+    out: dict[str, Any] = {}
+    for method, name in ROWS.items():
+        rs = [r for r in res.rows if r["method"] == method]
+        wall, n = sum(r["wall_s"] for r in rs), int(sum(r["n_generated"] for r in rs))
+        out[name] = {"wall_s": wall, "n_generated": n, "tokens_per_s": n / wall,
+                     "acceptance_rate": sum(r["accepted"] for r in rs)
+                     / max(1, sum(r["proposed"] for r in rs)),
+                     "tokens_per_target_call": n / max(1, int(sum(r["target_calls"] for r in rs))),
+                     "identical_to_target_only": sum(bool(r["equal_ours_target"]) for r in rs)}  # fmt: skip
+    for r in out.values():
+        r["speedup_vs_target"] = r["tokens_per_s"] / out["target_only"]["tokens_per_s"]
+    return out, res.outputs["ours_target"]
 
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _write(res: dict[str, Any], out: Path) -> None:
-    from omnidraft_deploy.bundle.atomic import write_text_atomic
-
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "headline_adapt.json", json.dumps(res, indent=1))
+def to_markdown(res: dict[str, Any]) -> str:
     rows = [
         f"# Headline: {DRAFTER} (4.5M) -> Qwen2.5-Coder-0.5B-Instruct, {res['runtime']} CPU",
         "",
+        *(meta_lines(res["meta"]) if "meta" in res else []),
         f"torch threads {res['threads']}, greedy, {res['policy']} draft length (start 4), "
         f"{res['n_eval']} held-out code "
         f"prompts x {res['max_new_tokens']} new tokens, timed round-robin in one run; adaptation: "
@@ -209,16 +161,11 @@ def _write(res: dict[str, Any], out: Path) -> None:
         "Acceptance per adaptation prompt: "
         + ", ".join(f"{a:.2f}" for a in res["adapt_acceptance_trace"]),
     ]
-    write_text_atomic(out / "headline_adapt.md", "\n".join(rows) + "\n")
-    log.info("\n%s", "\n".join(rows))
-    try:
-        import matplotlib
+    return "\n".join(rows) + "\n"
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(10, 3.6))
     trace = res["adapt_acceptance_trace"]
     a1.plot(range(1, len(trace) + 1), trace, marker="o")
     a1.axhline(
@@ -232,10 +179,10 @@ def _write(res: dict[str, Any], out: Path) -> None:
     a2.axhline(1.0, c="k", lw=0.8)
     a2.set(ylabel="speedup vs target-only", title=f"{res['runtime']} CPU wall clock")
     fig.tight_layout()
-    fig.savefig(out / "headline_adapt.png", dpi=110)
+    save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runtime", choices=["ort", "eager"], default="ort")
     ap.add_argument("--n-adapt", type=int, default=16)
@@ -249,15 +196,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--out-dir", default="reports/headline_adapt")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(a.threads)
-    from omnidraft_deploy.catalog.assets import cache_root
-
-    t_spec, d_spec = get_preset(TARGET), get_preset(DRAFTER)  # resolved once
-    target = load_model(t_spec, max_seq_len=a.max_seq_len)
-    drafter = load_model(d_spec)
-    mapper = build_mapper(load_tokenizer("llama2"), load_tokenizer("qwen2"))
+    load0 = os.getloadavg()
+    pair = load_pair(TARGET, DRAFTER, max_seq_len=a.max_seq_len)
+    target, drafter, mapper = pair.target, pair.drafter, pair.mapper
+    del pair  # the eager target may go once its ONNX twin is loaded (``_runtimes``)
     cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size)
     pool = _prompts(10_000, 48)  # every held-out code document long enough (88)
     if a.n_adapt + a.n_eval > len(pool):
@@ -265,68 +214,67 @@ def main(argv: list[str] | None = None) -> None:
     adapt_p, eval_p = pool[: a.n_adapt], pool[len(pool) - a.n_eval :]  # eval set fixed
     res: dict[str, Any] = {
         "runtime": "ONNX Runtime" if a.runtime == "ort" else "eager PyTorch",
-        "threads": a.threads,
-        "n_adapt": len(adapt_p),
-        "n_eval": len(eval_p),
-        "max_new_tokens": a.max_new_tokens,
-        "policy": a.policy,
-        "steps_per_update": a.steps_per_update,
-        "lr": a.lr,
-        "batch_size": a.batch_size,
-        "optimizer": a.optimizer,
-        "drafter_params": sum(p.numel() for p in drafter.parameters()),
+        "threads": a.threads, "n_adapt": len(adapt_p), "n_eval": len(eval_p),
+        "max_new_tokens": a.max_new_tokens, "policy": a.policy,
+        "steps_per_update": a.steps_per_update, "lr": a.lr, "batch_size": a.batch_size,
+        "optimizer": a.optimizer, "drafter_params": sum(p.numel() for p in drafter.parameters()),
         "target_params": sum(p.numel() for p in target.parameters()),
-    }
+    }  # fmt: skip
     adapted = copy.deepcopy(drafter)
-    if a.runtime == "ort":
-        from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
-
-        work = cache_root() / "headline"
-        tpath, tinfo = _onnx_graph(
-            target, t_spec, work / f"qwen2.5-0.5b-fp32-s{a.max_seq_len}.onnx"
-        )
-        (work / "drafter-before.onnx").unlink(missing_ok=True)  # small: exported fresh every run
-        dpath, dinfo = _onnx_graph(drafter, d_spec, work / "drafter-before.onnx", swappable=True)
-        target_lm: CausalLM = OrtModel(tpath, tinfo)
-        before_lm: CausalLM = OrtModel(dpath, dinfo)
-        del target  # the eager 0.5B model is not needed beside its ONNX twin
-    else:
-        target_lm, before_lm = EagerLM(target), EagerLM(drafter)
-
+    target_lm, before_lm, swap_to = _runtimes(a, target, drafter)
+    del target
     adapt_cache = NGramCache()
     acfg = AdaptConfig(lr=a.lr, lam=1.0, batch_size=a.batch_size,
                        steps_per_update=a.steps_per_update, optimizer=a.optimizer, seq_len=96)  # fmt: skip
-    dec = SpeculativeDecoder(
-        target_lm, EagerLM(adapted), mapper, make_policy(a.policy, 4), adapt_cache, config=cfg
-    )
+    dec = make_decoder(target_lm, EagerLM(adapted), mapper, cfg, policy=a.policy,
+                       ngram_cache=adapt_cache)  # fmt: skip
     report = adapt_stream(dec, make_distiller(adapted, mapper, acfg), adapt_p)
     res["adapt_wall_s"], res["adapt_acceptance_trace"] = report.seconds, report.acceptance
-
-    if a.runtime == "ort":
+    after_lm: CausalLM = EagerLM(adapted)
+    if swap_to is not None:
         probe = [1] + load_tokenizer("llama2").encode("def main():\n    return 0")
-        after_lm, swap = _swap_drafter(
-            dpath, dinfo, adapted, dpath.with_name("drafter-after.onnx"), probe
-        )
+        after_lm, swap = _swap_drafter(*swap_to, adapted, swap_to[0].with_name("drafter-after.onnx"),
+                                       probe)  # fmt: skip
         res |= swap
-    else:
-        after_lm = EagerLM(adapted)
-    methods: dict[str, RunFn] = {
-        "target_only": lambda p: generate_target_only(target_lm, p, cfg),
-        # before: the shipped state (empty n-gram cache); after: adapted weights and the n-gram
-        # cache grown during adaptation (both are the drafter's online state)
-        "before": _decoder(target_lm, before_lm, mapper, cfg, a.policy, NGramCache()),
-        "after": _decoder(target_lm, after_lm, mapper, cfg, a.policy, copy.deepcopy(adapt_cache)),
-    }
-    res["eval"], outs = _side_by_side(methods, eval_p)
+    # before: the shipped state (empty n-gram cache); after: adapted weights and the n-gram
+    # cache grown during adaptation (both are the drafter's online state)
+    drafters = {"ours_before": (before_lm, NGramCache()),
+                "ours_after": (after_lm, copy.deepcopy(adapt_cache))}  # fmt: skip
+    methods = {"ours_target": target_run(target_lm, cfg)} | {
+        row: decoder_run(make_decoder(target_lm, lm, mapper, cfg, policy=a.policy, ngram_cache=c))
+        for row, (lm, c) in drafters.items()}  # fmt: skip
+    res["eval"], outs = _side_by_side(methods, eval_p, a.threads)
     for k, model in (("before", drafter), ("after", adapted)):
-        res["eval"][k]["teacher_forced_top1"] = _teacher_forced_top1(model, mapper, eval_p, outs)
-    res["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    _write(res, Path(a.out_dir))
+        res["eval"][k]["teacher_forced_top1"] = teacher_forced_top1(model, mapper, eval_p, outs)
+    res["meta"] = run_meta(threads=a.threads, load_avg_start=load0)
+    res["loadavg"] = " ".join(f"{x:.2f}" for x in res["meta"]["load_avg_end"])
+    write_report(Path(a.out_dir) / "headline_adapt", res, markdown=to_markdown, plot=plot)
+
+
+def _runtimes(a: argparse.Namespace, target: Transformer, drafter: Transformer
+              ) -> tuple[CausalLM, CausalLM, tuple[Path, Any] | None]:  # fmt: skip
+    """(target, drafter before adaptation) on the chosen runtime, and for ONNX Runtime the
+    drafter graph (path, info) the adapted weights are swapped into (None: eager)."""
+    if a.runtime != "ort":
+        return EagerLM(target), EagerLM(drafter), None
+    from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    from omnidraft_deploy.catalog.assets import cache_root
+
+    work = cache_root() / "headline"
+    tpath, tinfo = _onnx_graph(target, get_preset(TARGET),
+                               work / f"qwen2.5-0.5b-fp32-s{a.max_seq_len}.onnx")  # fmt: skip
+    (work / "drafter-before.onnx").unlink(missing_ok=True)  # small: exported fresh every run
+    dpath, dinfo = _onnx_graph(drafter, get_preset(DRAFTER), work / "drafter-before.onnx",
+                               swappable=True)  # fmt: skip
+    return OrtModel(tpath, tinfo), OrtModel(dpath, dinfo), (dpath, dinfo)
 
 
 def rewrite_report(out_dir: str = "reports/headline_adapt") -> None:
     """Re-render the Markdown / PNG of ``out_dir/headline_adapt.json`` (no model runs)."""
-    _write(json.loads((Path(out_dir) / "headline_adapt.json").read_text()), Path(out_dir))
+    stem = Path(out_dir) / "headline_adapt"
+    res = json.loads(stem.with_suffix(".json").read_text())
+    write_report(stem, res, markdown=to_markdown, plot=plot)
 
 
 if __name__ == "__main__":

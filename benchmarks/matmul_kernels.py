@@ -1,6 +1,6 @@
 """What one weight matmul costs on ONNX Runtime's CPU kernels as the call's row count T grows.
 
-    .venv/bin/python benchmarks/matmul_kernels.py [--threads 2] [--out reports/matmul_kernels/matmul_kernels.json]
+    .venv/bin/python -m benchmarks.matmul_kernels [--threads 2] [--out reports/matmul_kernels/matmul_kernels.json]
 
 Verification feeds T = 1 + proposals rows where decoding feeds 1, so a kernel's cost per extra row
 is the verification-width term of the cost model. Each single-node graph multiplies (1, T, K) by a
@@ -12,16 +12,17 @@ Qwen2.5-0.5B weight shape: gate|up 896x9728, down 4864x896, lm_head 896x151936, 
   (``onnx_fused.GraphWriter.linear_rows``, the same nodes);
 - ``fp32``: ``MatMul``.
 
-Rows are timed round-robin over (kernel, T), medians of ``--reps`` rounds; the load average is
-recorded beside them.
+Rows are timed round-robin over (kernel, T) (``common.timer.interleaved``), medians of ``--reps``
+rounds; the load average is recorded beside them (the ``.md`` is rendered from the JSON by
+``render_reports.matmul_kernels_md``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ import numpy as np
 import torch
 from omnidraft_deploy.exporters.onnx.fused import GraphWriter
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common.report import run_meta, write_report
+from benchmarks.common.timer import interleaved
+from benchmarks.render_reports import matmul_kernels_md
 from omnidraft_deploy.host.profile import ort_session
 
 SHAPES = {"gate_up": (896, 9728), "down": (4864, 896), "lm_head": (896, 151936)}
@@ -73,18 +76,21 @@ def main() -> None:
                                            threads=a.threads)
                 for kern in KERNELS for shape, (k, n) in SHAPES.items()}  # fmt: skip
     rng = np.random.default_rng(0)
-    times: dict[tuple[str, str, int], list[float]] = {}
-    for _ in range(a.reps):
-        for t in rows:
-            for (kern, shape), sess in sessions.items():
-                x = {"x": rng.standard_normal((1, t, SHAPES[shape][0])).astype(np.float32)}
-                sess.run(None, x)
-                t0 = time.perf_counter()
-                for _ in range(10):
-                    sess.run(None, x)
-                times.setdefault((kern, shape, t), []).append((time.perf_counter() - t0) * 100)
-    result: dict[str, Any] = {"threads": a.threads, "load_avg_start": load0,
-                              "load_avg_end": os.getloadavg(), "ms": {}}  # fmt: skip
+
+    def call(sess: Any, t: int, k: int) -> float:
+        """ms of one call: the mean of 10 after a warm one, on fresh random rows."""
+        x = {"x": rng.standard_normal((1, t, k)).astype(np.float32)}
+        sess.run(None, x)
+        t0 = time.perf_counter()
+        for _ in range(10):
+            sess.run(None, x)
+        return (time.perf_counter() - t0) * 100
+
+    times = interleaved({(kern, shape, t): partial(call, sess, t, SHAPES[shape][0]) for t in rows
+                         for (kern, shape), sess in sessions.items()}, a.reps)  # fmt: skip
+    meta = run_meta(threads=a.threads, load_avg_start=load0)
+    result: dict[str, Any] = {"meta": meta, "threads": a.threads, "load_avg_start": load0,
+                              "load_avg_end": meta["load_avg_end"], "ms": {}}  # fmt: skip
     print(f"{'kernel':8} {'shape':8} " + " ".join(f"T={t:<6}" for t in rows) + "  (ms, median)")
     for kern in KERNELS:
         for shape in SHAPES:
@@ -92,7 +98,7 @@ def main() -> None:
             result["ms"][f"{kern}/{shape}"] = ms
             print(f"{kern:8} {shape:8} " + " ".join(f"{ms[t]:<8.3f}" for t in rows))
     print(f"load average {load0} -> {result['load_avg_end']}")
-    write_text_atomic(a.out, json.dumps(result, indent=1))
+    write_report(a.out.with_suffix(""), result, markdown=lambda d: matmul_kernels_md(d, a.out))
 
 
 if __name__ == "__main__":

@@ -3,22 +3,23 @@
 Builds random caches (2-5 drafter ids per n-gram, Llama-2 -> Llama-3 vocabularies, LFU canonical
 order), encodes them with ``ngram.format.to_bytes`` and times ``from_bytes`` (vectorised varints,
 bulk build, GC paused) against the previous reader (``_read_entries`` + ``NGramCache.from_items``,
-GC on), side by side in one run, with the load average. Writes reports/ngram_load/ngram_load.{md,json}.
+GC on), side by side in one run, with the load average. Writes reports/ngram_load/ngram_load.json
+and the .md rendered from it.
 
-    .venv/bin/python benchmarks/ngram_load.py --sizes 250000 1000000 2000000 --old-max 250000
+    .venv/bin/python -m benchmarks.ngram_load --sizes 250000 1000000 2000000 --old-max 250000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import resource
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from benchmarks.common.report import meta_lines, run_meta, write_report
 from omnidraft_deploy.ngram import format as odng
 from omnidraft_deploy.ngram.cache import NGramCache
 
@@ -53,7 +54,7 @@ def main() -> None:
     ap.add_argument("--old-max", type=int, default=250_000, help="largest size for the old reader")
     ap.add_argument("--out", default="reports/ngram_load/ngram_load")
     args = ap.parse_args()
-    rows = []
+    load0, rows = os.getloadavg(), []
     for n in args.sizes:
         data = make_bytes(n)
         load = os.getloadavg()[0]
@@ -64,16 +65,20 @@ def main() -> None:
                      "load_1min": round(load, 2)})  # fmt: skip
         print(rows[-1], flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    lines = ["# n-gram cache load time", "", f"`{' '.join(sys.argv)}`", "",
-             f"{os.cpu_count()} CPUs; peak RSS of the whole run {peak:.0f} MB", "",
+    payload = {"meta": run_meta(threads=None, load_avg_start=load0), "peak_rss_mb": round(peak),
+               "rows": rows}  # fmt: skip
+    write_report(Path(args.out), payload, markdown=to_markdown)
+
+
+def to_markdown(d: dict[str, Any]) -> str:
+    lines = ["# n-gram cache load time", "", *meta_lines(d["meta"]),
+             f"Peak RSS of the whole run {d['peak_rss_mb']} MB.", "",
              "| entries | file MB | linear reader s | previous reader s | load avg (1 min) |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
+    for r in d["rows"]:
         old = "-" if r["old_s"] is None else r["old_s"]
         lines.append(f"| {r['entries']:,} | {r['mb']} | {r['new_s']} | {old} | {r['load_1min']} |")
-    Path(args.out).parent.mkdir(exist_ok=True)
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    Path(args.out + ".json").write_text(json.dumps(rows, indent=2) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

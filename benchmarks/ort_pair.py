@@ -7,7 +7,7 @@ not gated, since greedy decoding only reads the argmax and every output is compa
 target-only). They are cached under ``.bench/real_pair/`` with their parity. Sessions have
 explicit intra-op threads, spinning only inside a call, and their weights on huge pages (``ort_graph``).
 
-Methods (``real_pair.RunFn``): ``ours_target`` (target-only on the ORT target graph);
+Methods (``common.timer.RunFn``): ``ours_target`` (target-only on the ORT target graph);
 ``ours_<drafter>`` (cost-aware drafting with that drafter, no lookup); ``ours_lookup`` (lookup
 drafts only); ``ours_hybrid_<drafter>`` (per step: drafter, lookup or none); ``ours_<drafter>_heur``
 (the +2/-1 policy at k = 4, the configuration issue 9 measured at 0.70-0.74x). Every speculative run
@@ -19,34 +19,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.pair import make_decoder
+from benchmarks.common.timer import RunFn, decoder_run
 from omnidraft_deploy.protocols import CausalLM
-from omnidraft_deploy.speculative.cost import CostProfile, cost_terms, predicted_times
-from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
-from omnidraft_deploy.speculative.hybrid import HybridProposer
-from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
-from omnidraft_deploy.speculative.stats import DecodeStats
+from omnidraft_deploy.speculative.cost import CostProfile
+from omnidraft_deploy.speculative.decoder import DecodeConfig
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
 ROOT = Path(".bench/real_pair")
 TARGET = "qwen2.5-0.5b"
-# drafter configuration name -> (how its weights load, drafter tokenizer)
+# drafter configuration name -> how its weights load (``<preset>[:before]``: see ``_eager``)
 DRAFTERS = {
-    "smollm2": ("smollm2-135m", "smollm2"),
-    "ee8_before": ("smollm2-ee8:before", "smollm2"),
-    "ee8_offline": ("smollm2-ee8", "smollm2"),
-    "trained45m": ("trained-llama2-drafter", "llama2"),
+    "smollm2": "smollm2-135m",
+    "ee8_before": "smollm2-ee8:before",
+    "ee8_offline": "smollm2-ee8",
+    "trained45m": "trained-llama2-drafter",
 }
-
-
-@dataclass
-class TracedStats(DecodeStats):
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _eager(source: str, max_seq_len: int) -> Any:
@@ -161,54 +153,24 @@ def ort_graph(path: Path, info: Any, threads: int) -> CausalLM:
     return OrtModel(path, info, threads=threads)
 
 
-def mapper_for(drafter_tok: str, target_tok: Any) -> tuple[VocabMapper, Any]:
-    from omnidraft_deploy.vocab.build import build_mapper
-    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
-
-    dt = load_tokenizer(drafter_tok)
-    return build_mapper(dt, target_tok), dt
-
-
-def _traced(dec: SpeculativeDecoder, profile: CostProfile) -> Any:
-    def run(ids: list[int]) -> tuple[list[int], float, DecodeStats | None]:
-        out, st = dec.generate(ids)
-        traced = TracedStats(**dataclasses.asdict(st))
-        if isinstance(dec.drafter, HybridProposer):
-            trace = dec.drafter.trace
-            base, spec = predicted_times(profile, trace, len(ids))
-            sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
-            terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace, len(ids)).items()}
-            traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources,
-                            **terms}  # fmt: skip
-        return out, st.wall_s, traced
-
-    return run
-
-
 def spec_methods(target: CausalLM, drafters: dict[str, tuple[CausalLM, VocabMapper]],
                  profiles: dict[str, CostProfile], cfg: DecodeConfig, *, k_max: int = 8,
-                 hybrid: tuple[str, ...] = (), heuristic: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+                 hybrid: tuple[str, ...] = (), heuristic: tuple[str, ...] = ()) -> dict[str, RunFn]:  # fmt: skip
     """name -> run(prompt ids): every drafter cost-aware, lookup only, hybrids, +2/-1 rows."""
-    methods: dict[str, Any] = {}
     any_mapper = next(iter(drafters.values()))[1]
-
-    def lookup() -> LookupProposer:  # per-prompt text only: repeats must not see earlier outputs
-        return LookupProposer(LookupConfig(keep_history=False))
-
     prof0 = profiles[""]
-    dec = SpeculativeDecoder(target, None, any_mapper, CostAwareDraftLen(prof0, k_max),
-                             config=cfg, lookup=lookup(), profile=prof0)  # fmt: skip
-    methods["ours_lookup"] = _traced(dec, prof0)
+    dec = make_decoder(target, None, any_mapper, cfg, policy="cost", draft_len=k_max,
+                       profile=prof0, lookup=True)  # fmt: skip
+    methods = {"ours_lookup": decoder_run(dec, profile=prof0)}
     for name, (lm, mapper) in drafters.items():
         prof = profiles[name]
-        dec = SpeculativeDecoder(target, lm, mapper, CostAwareDraftLen(prof, k_max), config=cfg,
-                                 profile=prof)  # fmt: skip
-        methods[f"ours_{name}"] = _traced(dec, prof)
-        if name in hybrid:
-            dec = SpeculativeDecoder(target, lm, mapper, CostAwareDraftLen(prof, k_max),
-                                     config=cfg, lookup=lookup(), profile=prof)  # fmt: skip
-            methods[f"ours_hybrid_{name}"] = _traced(dec, prof)
+        for row, look in ((f"ours_{name}", False), (f"ours_hybrid_{name}", True)):
+            if look and name not in hybrid:
+                continue
+            dec = make_decoder(target, lm, mapper, cfg, policy="cost", draft_len=k_max,
+                               profile=prof, lookup=look)  # fmt: skip
+            methods[row] = decoder_run(dec, profile=prof)
         if name in heuristic:
-            dec = SpeculativeDecoder(target, lm, mapper, HeuristicDraftLen(4), config=cfg)
-            methods[f"ours_{name}_heur"] = _traced(dec, prof)
+            dec = make_decoder(target, lm, mapper, cfg, policy="heuristic", draft_len=4)
+            methods[f"ours_{name}_heur"] = decoder_run(dec, profile=prof)
     return methods

@@ -7,8 +7,8 @@ defaults), each mode in its own process, the modes interleaved round-robin; ``op
 target call of width 1 and of width T into ONNX Runtime's per-operator time (its profiler), which
 shows where the verification width is paid.
 
-    python benchmarks/pair_calls.py calls --bundle bundles/q15-w8a8 --rounds 2
-    python benchmarks/pair_calls.py ops --bundle bundles/q15-w8a8 --width 5
+    python -m benchmarks.pair_calls calls --bundle bundles/q15-w8a8 --rounds 2
+    python -m benchmarks.pair_calls ops --bundle bundles/q15-w8a8 --width 5
 
 Reports: ``reports/pair_calls/pair_calls.{json,md}`` and ``pair_calls_ops.{json,md}``, with the
 command, git revision, CPU and load average. Run it with nothing else on the machine.

@@ -1,10 +1,10 @@
 """Where quantisation loses a real model's top-1: fake-quantised eager probes (minutes, no export).
 
-    .venv/bin/python benchmarks/quant_probe.py --study int4     # which linears int4 can touch
-    .venv/bin/python benchmarks/quant_probe.py --study a16      # what uint16 activations break
-    .venv/bin/python benchmarks/quant_probe.py --study xnnpack  # 8da8w / 8da4w in eager
-    .venv/bin/python benchmarks/quant_probe.py --study xnnpack8 --model qwen2.5-0.5b  # 8da8w fp32 set
-    .venv/bin/python benchmarks/quant_probe.py --study w8a8     # per-row int8 activations
+    .venv/bin/python -m benchmarks.quant_probe --study int4     # which linears int4 can touch
+    .venv/bin/python -m benchmarks.quant_probe --study a16      # what uint16 activations break
+    .venv/bin/python -m benchmarks.quant_probe --study xnnpack  # 8da8w / 8da4w in eager
+    .venv/bin/python -m benchmarks.quant_probe --study xnnpack8 --model qwen2.5-0.5b  # 8da8w fp32 set
+    .venv/bin/python -m benchmarks.quant_probe --study w8a8     # per-row int8 activations
 
 Teacher-forced top-1 agreement with the fp32 eager model over the shipped prompts (first 24
 tokens each, ``exporters.verify.prompt_ids``); weights dequantised in place (what MatMulNBits
@@ -12,15 +12,17 @@ computes, up to its int8 activation rounding). ``a16`` fake-quantises the input 
 (the residual stream) to 16 bits over the range calibrated on held-out text and, optionally,
 RMSNorm's ``x^2`` as the decomposed QDQ graph does; ``reference.rotate`` first folds the norm weights
 into the next linears and turns the residual stream by a seeded orthogonal matrix (exact in fp32).
-Writes ``reports/quant_probe/quant_probe_<study>_<model>.md``.
+Writes ``reports/quant_probe/quant_probe_<study>_<model>.json`` and the ``.md`` rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from omnidraft_deploy.exporters.quant.calibration import calibration_ids, calibration_prompts
@@ -29,6 +31,7 @@ from omnidraft_deploy.exporters.quant.int4_plan import int8_blocks
 from omnidraft_deploy.exporters.verify import prompt_ids
 from torch import Tensor, nn
 
+from benchmarks.common.report import meta_lines, run_meta, write_report
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference import model as ref_model
 from omnidraft_deploy.reference.rotate import rotated as rotated_model
@@ -224,6 +227,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    load0 = os.getloadavg()
     spec = get_preset(args.model)
     model = load_model(spec, max_seq_len=256)
     prompts = prompt_ids(spec.tokenizer, spec.vocab_size, n=12, limit=24)
@@ -231,14 +235,25 @@ def main() -> None:
         ref = [model.forward_train(torch.tensor([p]))[0] for p in prompts]
     study = {"int4": int4_rows, "a16": a16_rows, "xnnpack": xnnpack_rows,
              "xnnpack8": xnnpack8_rows, "w8a8": w8a8_rows}[args.study]  # fmt: skip
-    lines = [f"# Quantisation probe: {args.study}, {args.model}", "",
-             f"`benchmarks/quant_probe.py --study {args.study}`; teacher-forced top-1 vs fp32 "
-             f"eager, {len(prompts)} shipped prompts, {sum(map(len, prompts))} rows.", "",
-             "| variant | top-1 |", "|---|---|", *study(model, prompts, ref, spec.tokenizer), ""]  # fmt: skip
-    out = Path(f"reports/quant_probe/quant_probe_{args.study}_{args.model}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines), "utf-8")
-    print("\n".join(lines))
+    table = [_cells(line) for line in study(model, prompts, ref, spec.tokenizer)]
+    payload = {"meta": run_meta(threads=1, load_avg_start=load0), "study": args.study,
+               "model": args.model, "prompts": len(prompts), "rows": sum(map(len, prompts)),
+               "table": table}  # fmt: skip
+    stem = Path("reports/quant_probe") / f"quant_probe_{args.study}_{args.model}"
+    write_report(stem, payload, markdown=to_markdown)
+    print(stem.with_suffix(".md").read_text())
+
+
+def _cells(line: str) -> list[str]:
+    """``| variant | result |`` (a study's table row) -> [variant, result]."""
+    return line.strip().removeprefix("| ").removesuffix(" |").split(" | ", 1)
+
+
+def to_markdown(d: dict[str, Any]) -> str:
+    lines = [f"# Quantisation probe: {d['study']}, {d['model']}", "", *meta_lines(d["meta"]),
+             f"Teacher-forced top-1 vs fp32 eager, {d['prompts']} shipped prompts, {d['rows']} rows.",
+             "", "| variant | top-1 |", "|---|---|", *(f"| {v} | {r} |" for v, r in d["table"])]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Decoding benchmark on exported bundles: one target, cross-vocabulary and family drafters, peers.
 
-    .venv/bin/python benchmarks/real_pair_bundle.py run --bundle bundles/q15 \
+    .venv/bin/python -m benchmarks.real_pair_bundle run --bundle bundles/q15 \
         --family-bundle bundles/q15-family --gguf <Qwen2.5-Coder-1.5B GGUF> \
         --genai .bench/runtime_speed/genai/qwen2.5-1.5b-int8 --name real_pair_1p5b
-    .venv/bin/python benchmarks/real_pair_bundle.py report --name real_pair_1p5b
+    .venv/bin/python -m benchmarks.real_pair_bundle report --name real_pair_1p5b
 
 What a user runs is what is timed: the bundle is opened by the runtime's opener (``open_bundle``),
 its cost profile measured as ``run`` measures it (``runtime.profile.measure_bundle``: call
@@ -21,8 +21,8 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 
 ``--modes exact`` adds ``*_t07`` rows: ``exact`` sampling at temperature 0.7 (seeded), compared by
 tokens/s, since sampled outputs differ between runs. Every prompt runs every method round-robin
-(``real_pair.run_side_by_side``), the load average is recorded at start and end; ``report`` writes
-``reports/<name>/<name>.{json,md}`` and a plot per task (``real_pair_report``).
+(``common.timer.run_side_by_side``), the load average is recorded at start and end; ``report``
+writes ``reports/<name>/<name>.{json,md}`` and a plot per task (``real_pair_report``).
 """
 
 from __future__ import annotations
@@ -33,38 +33,31 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
-from omnidraft_deploy.runtime.profile import cpu_model, measure_bundle
-from ort_pair import _traced  # type: ignore[import-not-found]  # benchmarks/, beside this script
-from real_pair import genai_method  # type: ignore[import-not-found]
+from omnidraft_deploy.runtime.profile import measure_bundle
 
-from omnidraft_deploy import real_pair as rp
+from benchmarks.common import peers
+from benchmarks.common.pair import make_decoder, prompt_texts
+from benchmarks.common.report import meta_lines, run_meta, write_report
+from benchmarks.common.timer import RunFn, decoder_run, run_side_by_side, target_run
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, FixedDraftLen
 from omnidraft_deploy.speculative.drafter import Mode
-from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
 log = logging.getLogger("real_pair_bundle")
-HERE = Path(__file__).parent
 TASKS = ("math", "code", "chat", "summarisation", "code_edit")
 
 
 def load_prompts(tok: Any, tasks: list[str], per_task: int) -> list[tuple[str, list[int]]]:
     """The real-pair prompt set plus the code-editing prompts, chat-formatted (instruct models)."""
-    from importlib import resources
-
-    raw = json.loads(resources.files("omnidraft_deploy").joinpath(
-        "data/real_pair_prompts.json").read_text("utf-8"))  # fmt: skip
-    raw += json.loads((HERE / "code_edit_prompts.json").read_text("utf-8"))
+    raw = prompt_texts(code_edit=True)
     out: list[tuple[str, list[int]]] = []
     for task in tasks:
         texts = [p["text"] for p in raw if p["task"] == task][:per_task]
@@ -77,25 +70,10 @@ def _decoder(bundle: OpenBundle, prof: CostProfile, cfg: DecodeConfig, *, model:
              lookup: bool, drafter: OpenBundle | None = None) -> SpeculativeDecoder:  # fmt: skip
     """A decoder as ``run`` builds it (cost-aware, the bundle's n-gram cache, host threads 1)."""
     src = drafter or bundle
-    look = LookupProposer(LookupConfig(keep_history=False)) if lookup else None
     cache = copy.deepcopy(src.ngram_cache) if model else None  # each decoder grows its own
-    return SpeculativeDecoder(bundle.target, src.drafter if model else None, src.mapper,
-                              CostAwareDraftLen(prof, 2 * bundle.manifest.draft_len), cache,
-                              config=cfg, lookup=look, profile=prof)  # fmt: skip
-
-
-def _sampled(dec: SpeculativeDecoder | None, target: Any, cfg: DecodeConfig, seed: int) -> Any:
-    """A run over a fresh seeded generator (sampled rows: one draw per call)."""
-
-    def run(ids: list[int]) -> tuple[list[int], float, Any]:
-        gen = torch.Generator().manual_seed(seed)
-        if dec is None:
-            out, st = rp.generate_target_only(target, ids, cfg, gen)
-        else:
-            out, st = dec.generate(ids, generator=gen)
-        return out, st.wall_s, st
-
-    return run
+    return make_decoder(bundle.target, src.drafter if model else None, src.mapper, cfg,
+                        policy="cost", draft_len=2 * bundle.manifest.draft_len, profile=prof,
+                        ngram_cache=cache, lookup=lookup)  # fmt: skip
 
 
 def _profiles(bundle: OpenBundle, family: OpenBundle | None, reps: int) -> dict[str, CostProfile]:
@@ -108,58 +86,35 @@ def _profiles(bundle: OpenBundle, family: OpenBundle | None, reps: int) -> dict[
 
 
 def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None,
-            profs: dict[str, CostProfile]) -> dict[str, Any]:  # fmt: skip
+            profs: dict[str, CostProfile]) -> dict[str, RunFn]:  # fmt: skip
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     base = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
                         vocab_limit=bundle.mapper.target_vocab_size, host_threads=1)  # fmt: skip
-    m: dict[str, Any] = {}
+    m: dict[str, RunFn] = {}
     if "greedy" in a.modes:
-
-        def ours_target(ids: list[int]) -> tuple[list[int], float, Any]:
-            out, st = rp.generate_target_only(bundle.target, ids, base)
-            return out, st.wall_s, st
-
-        m["ours_target"] = ours_target
-        m["ours_smollm2"] = _traced(_decoder(bundle, profs["smollm2"], base, model=True,
-                                             lookup=False), profs["smollm2"])  # fmt: skip
-        m["ours_hybrid_smollm2"] = _traced(_decoder(bundle, profs["smollm2"], base, model=True,
-                                                    lookup=True), profs["smollm2"])  # fmt: skip
-        m["ours_lookup"] = _traced(_decoder(bundle, profs[""], base, model=False, lookup=True),
-                                   profs[""])  # fmt: skip
+        m["ours_target"] = target_run(bundle.target, base)
+        rows = [
+            ("ours_smollm2", "smollm2", True, False),  # (row, profile, model, lookup)
+            ("ours_hybrid_smollm2", "smollm2", True, True),
+            ("ours_lookup", "", False, True),
+        ]
         if family is not None:
-            m["ours_family"] = _traced(_decoder(bundle, profs["family"], base, model=True,
-                                                lookup=False, drafter=family), profs["family"])  # fmt: skip
+            rows.append(("ours_family", "family", True, False))
+        for name, prof, model, look in rows:
+            dec = _decoder(bundle, profs[prof], base, model=model, lookup=look,
+                           drafter=family if prof == "family" else None)  # fmt: skip
+            m[name] = decoder_run(dec, profile=profs[prof])
         if a.genai:
-            m["genai_target"] = genai_method(a.threads, a.max_new_tokens, Path(a.genai))
+            m["genai_target"] = peers.genai_method(a.threads, a.max_new_tokens, Path(a.genai))
         if a.gguf:
-            m["llamacpp_target"] = _llamacpp(Path(a.gguf), a.threads, a.max_new_tokens)
+            m["llamacpp_target"] = peers.llamacpp_method(Path(a.gguf), a.threads, a.max_new_tokens)
     if "exact" in a.modes:
         cfg = dataclasses.replace(base, mode=Mode.EXACT, temperature=0.7)
-        m["ours_target_t07"] = _sampled(None, bundle.target, cfg, a.seed)
+        m["ours_target_t07"] = target_run(bundle.target, cfg, seed=a.seed)
         for name, look in (("smollm2", False), ("hybrid_smollm2", True)):
             dec = _decoder(bundle, profs["smollm2"], cfg, model=True, lookup=look)
-            m[f"ours_{name}_t07"] = _sampled(dec, bundle.target, cfg, a.seed)
+            m[f"ours_{name}_t07"] = decoder_run(dec, seed=a.seed)
     return m
-
-
-def _llamacpp(gguf: Path, threads: int, max_new: int) -> Any:
-    """llama.cpp's plain greedy decode of the GGUF (its own sampler at temperature 0)."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)  # fmt: skip
-
-    def run(ids: list[int]) -> tuple[list[int], float, None]:
-        llm.reset()
-        t0 = time.perf_counter()
-        out: list[int] = []
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            if tok == llm.token_eos() or len(out) >= max_new:
-                break
-            out.append(int(tok))
-        return out, time.perf_counter() - t0, None
-
-    return run
 
 
 def _spinning_sessions(bundle: OpenBundle, threads: int, spinning: str) -> None:
@@ -194,22 +149,19 @@ def cmd_run(a: argparse.Namespace) -> None:
         if unknown:
             raise SystemExit(f"unknown methods {unknown}; choose from {sorted(meths)}")
         meths = {n: f for n, f in meths.items() if n in keep}
-    start = os.getloadavg()
-    res = rp.run_side_by_side(meths, prompts, repeats=a.repeats, warmup=True)
+    load_s = round(time.perf_counter() - t0, 1)
+    res = run_side_by_side(meths, prompts, threads=a.threads, repeats=a.repeats, warmup=True)
     target = bundle.manifest.graphs["target"]
-    meta = {"tasks": a.tasks, "threads": a.threads, "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
+    meta = {**run_meta(threads=a.threads), **res.meta, "tasks": a.tasks,
+            "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
             "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle,
             "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "modes": a.modes,
-            "load_s": round(time.perf_counter() - t0, 1), "load_avg_run_start": load0,
-            "load_avg_start": start, "load_avg_end": os.getloadavg(),
-            "utc_end": time.strftime("%H:%M:%S", time.gmtime()), "command": " ".join(sys.argv),
-            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count()}, "revision": _revision()}  # fmt: skip
+            "load_s": load_s, "load_avg_run_start": load0}  # fmt: skip
     out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in profs.items()},
            "rows": res.rows}  # fmt: skip
-    chunks = Path(a.chunk_dir) / a.name
-    chunks.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(chunks / f"{a.chunk}.json", json.dumps(out, indent=1, default=str))
-    log.info("done; load %s -> %s", start, meta["load_avg_end"])
+    chunk = Path(a.chunk_dir) / a.name / f"{a.chunk}.json"
+    write_text_atomic(chunk, json.dumps(out, indent=1, default=str))
+    log.info("done; load %s -> %s", meta["load_avg_start"], meta["load_avg_end"])
 
 
 def two_token_law(bundle: OpenBundle, ids: list[int], cfg: DecodeConfig,
@@ -245,6 +197,7 @@ def cmd_lossless(a: argparse.Namespace) -> None:
 
     from omnidraft_deploy.speculative.lossless import deviation_report
 
+    load0 = os.getloadavg()
     bundle = open_bundle(a.bundle, threads=a.threads)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     cfg = DecodeConfig(mode=Mode.EXACT, temperature=0.7, max_new_tokens=2, eos_ids=(),
@@ -253,8 +206,7 @@ def cmd_lossless(a: argparse.Namespace) -> None:
     for task, ids in load_prompts(tok, a.tasks.split(","), 1):
         law = two_token_law(bundle, ids, cfg)
         # a fixed draft length: every step proposes, so acceptance and rejection both run
-        dec = SpeculativeDecoder(bundle.target, bundle.drafter, bundle.mapper,
-                                 FixedDraftLen(3), None, config=cfg)  # fmt: skip
+        dec = make_decoder(bundle.target, bundle.drafter, bundle.mapper, cfg, draft_len=3)
         gen = torch.Generator().manual_seed(a.seed)
         counts: Counter[tuple[int, ...]] = Counter()
         proposed = accepted = 0
@@ -268,17 +220,21 @@ def cmd_lossless(a: argparse.Namespace) -> None:
         rep["passed"] = rep["chi2_z"] < 4.0
         log.info("%s", rep)
         report.append(rep)
-    out = Path(a.out_dir) / a.name / f"{a.name}_lossless.json"
-    meta = {"command": " ".join(sys.argv), "revision": _revision(), "load_avg": os.getloadavg()}
-    write_text_atomic(out, json.dumps({"meta": meta, "prompts": report}, indent=1) + "\n")
+    meta = {**run_meta(threads=a.threads, load_avg_start=load0), "bundle": str(a.bundle),
+            "samples": a.samples, "seed": a.seed}  # fmt: skip
+    stem = Path(a.out_dir) / a.name / f"{a.name}_lossless"
+    write_report(stem, {"meta": meta, "prompts": report}, markdown=lossless_md)
 
 
-def _revision() -> str:
-    import subprocess
-
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    return proc.stdout.strip() or "unknown"
+def lossless_md(d: dict[str, Any]) -> str:
+    lines = ["# exact sampling (T = 0.7) vs the target's own two-token law", "",
+             *meta_lines(d["meta"]), "| task | samples | cells | chi2 | dof | z (< 4 passes) | "
+             "passed | proposed | accepted |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in d["prompts"]:
+        lines.append(f"| {r['task']} | {r['samples']:.0f} | {r['cells']} | {r['chi2']:.1f} | "
+                     f"{r['dof']:.0f} | {r['chi2_z']:.2f} | {r['passed']} | {r['proposed']} | "
+                     f"{r['accepted']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -323,9 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.verb == "report":
-        from real_pair_report import write_report  # type: ignore[import-not-found]
+        from benchmarks.real_pair_report import write_report as write_pair_report
 
-        write_report(Path(a.chunk_dir) / a.name, Path(a.out_dir) / a.name, a.name)
+        write_pair_report(Path(a.chunk_dir) / a.name, Path(a.out_dir) / a.name, a.name)
     elif a.verb == "lossless":
         cmd_lossless(a)
     else:

@@ -1,4 +1,5 @@
-"""Merge ``benchmarks/real_pair.py run`` chunks into ``reports/real_pair/real_pair.{md,json}`` + a plot per task.
+"""Merge ``python -m benchmarks.real_pair run`` chunks into ``reports/real_pair/real_pair.{json,md}``
+and a plot per task (``render_reports.real_pair_png``), the md and plots rendered from the JSON.
 
 Per configuration and task: tokens/s, speedup vs our ORT target-only and vs ORT GenAI target-only,
 acceptance, target tokens per call, drafter cost ratio, predicted (cost model over the run's own
@@ -12,16 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common import report
+from benchmarks.render_reports import TASKS, ordered_tasks, real_pair_png
 from omnidraft_deploy.speculative.cost import CostProfile
-
-TASKS = ("math", "code", "chat", "summarisation", "code_edit")
-
-
-def _tasks(rows: list[dict[str, Any]]) -> list[str]:
-    """The tasks of ``rows`` in the canonical order (unknown ones after)."""
-    seen = list(dict.fromkeys(r["task"] for r in rows))
-    return [t for t in TASKS if t in seen] + [t for t in seen if t not in TASKS]
 
 
 def _rate(rows: list[dict[str, Any]], walls: dict[Any, tuple[float, int]]) -> float:
@@ -84,7 +78,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
         mine = [r for r in rows if r["method"] == m]
         b = base_t07 if m.endswith("_t07") else base
         out[m] = {t: _agg([r for r in mine if r["task"] == t], b, peers)
-                  for t in _tasks(rows) if any(r["task"] == t for r in mine)}  # fmt: skip
+                  for t in ordered_tasks(r["task"] for r in rows) if any(r["task"] == t for r in mine)}  # fmt: skip
         out[m]["overall"] = _agg(mine, b, peers)
     return out
 
@@ -158,20 +152,15 @@ def term_line(task: str, a: dict[str, Any], prof: CostProfile | None = None) -> 
                    "calls/step) cut")  # fmt: skip
 
 
-def _profiles(chunks: list[dict[str, Any]]) -> dict[str, CostProfile]:
-    raw = chunks[0]["profiles"]
-    return {n: CostProfile.from_json(json.dumps(v)) for n, v in raw.items()}
-
-
 def write_report(chunk_dir: Path, out_dir: Path, name: str = "real_pair") -> None:
     chunks = [json.loads(p.read_text()) for p in sorted(chunk_dir.glob("*.json"))]
     if not chunks:
-        raise FileNotFoundError(f"{chunk_dir}: no chunks; run `benchmarks/real_pair.py run` first")
+        raise FileNotFoundError(f"{chunk_dir}: no chunks; run `python -m benchmarks.real_pair run` "
+                                "(or real_pair_bundle run) first")  # fmt: skip
     rows: list[dict[str, Any]] = []
     for i, c in enumerate(chunks):  # prompt ids are per chunk: make them unique
         rows += [dict(r, prompt=(i, r["prompt"])) for r in c["rows"]]
     summ = summarise(rows)
-    profs = _profiles(chunks)
     objs = []
     for m, per in summ.items():
         o = {"name": m, "speedup": {t: round(v["speedup"], 3) for t, v in per.items()},
@@ -188,28 +177,33 @@ def write_report(chunk_dir: Path, out_dir: Path, name: str = "real_pair") -> Non
         "profiles": chunks[0]["profiles"],
         "summary": summ,
     }
-    write_text_atomic(out_dir / f"{name}.json", json.dumps(payload, indent=1, default=str) + "\n")
-    write_text_atomic(out_dir / f"{name}.md", _markdown(summ, chunks, profs))
-    for t in _tasks(rows):
-        _plot(summ, t, out_dir / f"{name}_{t}.png", chunks[0]["meta"].get("target_quant", "int8"))
+    report.write_report(out_dir / name, payload, markdown=to_markdown,
+                        plot=lambda d, png: real_pair_png(d, png.with_suffix(".json")))  # fmt: skip
 
 
 def _fmt(v: Any, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _markdown(
-    summ: dict[str, Any], chunks: list[dict[str, Any]], profs: dict[str, CostProfile]
-) -> str:
-    quant = chunks[0]["meta"].get("target_quant", "int8")
-    target = chunks[0]["meta"].get("target", "qwen2.5-0.5b")
+def _chunk_line(m: dict[str, Any]) -> str:
+    """One chunk's run: its command, load, threads, revision and machine."""
+    machine = m.get("machine") or {}
+    return (f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
+            f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
+            f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
+            f"tokens, repeats {m['repeats']}; revision {m.get('revision', '-')}, "
+            f"{machine.get('cpu', '-')} ({machine.get('cpus', '-')} CPUs)")  # fmt: skip
+
+
+def to_markdown(d: dict[str, Any]) -> str:
+    """The report from its JSON: per chunk its run, the cost profile, the cost-model terms of
+    every speculative configuration, and one table per task."""
+    summ, metas = d["summary"], d["chunks"]
+    profs = {n: CostProfile.from_json(json.dumps(v)) for n, v in d["profiles"].items()}
+    quant = metas[0].get("target_quant", "int8")
+    target = metas[0].get("target", "qwen2.5-0.5b")
     lines = [f"# real_pair: {target} target on ONNX Runtime ({quant} graph)", ""]
-    for c in chunks:
-        m = c["meta"]
-        lines.append(f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
-                     f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
-                     f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
-                     f"tokens, repeats {m['repeats']}")  # fmt: skip
+    lines += [_chunk_line(m) for m in metas]
     lines += ["", "## Cost profile (ms, medians of interleaved calls, first chunk)", "",
               "| graph | T=1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |", "|---|" + "---|" * 9]  # fmt: skip
     p0 = profs[""]
@@ -259,29 +253,3 @@ def _markdown(
                 )
         lines.append("")
     return "\n".join(lines) + "\n"
-
-
-def _plot(summ: dict[str, Any], task: str, path: Path, quant: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [m for m, per in summ.items() if task in per and m != "ours_target"]
-    if not names:
-        return
-    meas = [summ[m][task]["speedup"] for m in names]
-    pred = [summ[m][task].get("predicted_speedup", float("nan")) for m in names]
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], meas, 0.4, label="measured")
-    ax.bar([x + 0.2 for x in xs], pred, 0.4, label="predicted (cost model)")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("speedup vs our ORT target-only")
-    ax.set_title(f"real_pair, {task}: {quant} ORT target (identity: see "
-                 "real_pair.md)")  # fmt: skip
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

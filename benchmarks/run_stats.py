@@ -6,7 +6,7 @@ each: seconds from the process start to the first byte of generated text on stdo
 and the ``--stats`` JSON (speedup against target-only decoded in the same process, acceptance,
 host overhead).
 
-    python benchmarks/run_stats.py --bundle bundles/q15-w8a8 --runs 3 --name palindrome
+    python -m benchmarks.run_stats --bundle bundles/q15-w8a8 --runs 3 --name palindrome
 
 Writes ``reports/run_stats/<name>.{json,md}`` (command, git revision, CPU, load average).
 """

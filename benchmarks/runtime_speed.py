@@ -1,7 +1,7 @@
 """Runtime speed: our ONNX graphs + host loop vs ONNX Runtime GenAI vs ExecuTorch, same weights.
 
-    .venv/bin/python benchmarks/runtime_speed.py prepare          # exports + GenAI builds (slow)
-    .venv/bin/python benchmarks/runtime_speed.py time --threads 2 # the timed run (quiet machine)
+    .venv/bin/python -m benchmarks.runtime_speed prepare           # exports + GenAI builds (slow)
+    .venv/bin/python -m benchmarks.runtime_speed time --threads 2  # the timed run (quiet machine)
 
 ``prepare`` (cached under ``.bench/runtime_speed/``): per model (SmolLM2-135M, Qwen2.5-Coder-0.5B,
 the pinned GGUFs of ``omnidraft assets fetch --models``) the weights are saved as an HF folder
@@ -37,6 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.peers import MAX_SEQ_LEN, GenAI
+from benchmarks.common.report import command, meta_lines, run_meta, write_report
+from benchmarks.render_reports import runtime_speed_png
+
 log = logging.getLogger("runtime_speed")
 WORK = Path(".bench/runtime_speed")
 # preset -> (pinned GGUF asset, HF model id of the config family for GenAI's builder)
@@ -45,7 +49,6 @@ MODELS = {
     "qwen2.5-0.5b": ("qwen2.5-0.5b-gguf", "Qwen/Qwen2.5-Coder-0.5B"),
     "qwen2.5-1.5b": ("qwen2.5-1.5b-gguf", "Qwen/Qwen2.5-Coder-1.5B"),
 }
-MAX_SEQ_LEN = 512
 VERIFY_T = tuple(range(1, 9))
 
 
@@ -193,47 +196,6 @@ class Ours:
         return time.perf_counter() - t0
 
 
-class GenAI:
-    """ONNX Runtime GenAI: ``append_tokens`` (prefill / verify), ``generate_next_token``."""
-
-    def __init__(self, folder: Path, threads: int) -> None:
-        import onnxruntime_genai as og
-
-        cfg = json.loads((folder / "genai_config.json").read_text())
-        opts = cfg["model"]["decoder"].setdefault("session_options", {})
-        opts["intra_op_num_threads"] = threads
-        (folder / "genai_config.json").write_text(json.dumps(cfg, indent=2))
-        self.og, self.model = og, og.Model(str(folder))
-
-    def _gen(self, prompt: list[int]) -> Any:
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=MAX_SEQ_LEN, do_sample=False)
-        gen = self.og.Generator(self.model, params)
-        gen.append_tokens(prompt)
-        return gen
-
-    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        gen = self._gen(prompt)
-        gen.generate_next_token()  # picks from the prefill's logits (ours: the prefill call)
-        out, t0 = [int(gen.get_next_tokens()[0])], time.perf_counter()
-        for _ in range(n - 1):
-            gen.generate_next_token()  # one forward of the last token + greedy pick
-            out.append(int(gen.get_next_tokens()[0]))
-        return out, time.perf_counter() - t0
-
-    def call(self, ids: list[int], start: int) -> float:
-        if start == 0:
-            t0 = time.perf_counter()
-            self._gen(ids)
-            return time.perf_counter() - t0
-        if getattr(self, "_ctx", None) != start:
-            self._g, self._ctx = self._gen(list(range(3, 3 + start))), start
-        self._g.rewind_to(start)
-        t0 = time.perf_counter()
-        self._g.append_tokens(ids)
-        return time.perf_counter() - t0
-
-
 def _worker(kind: str, path: str, threads: int, conn: Any) -> None:
     if kind.startswith("genai"):
         engine: Ours | GenAI = GenAI(Path(path), threads)
@@ -362,16 +324,17 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     return facts
 
 
-def write_report(result: dict[str, Any], out: Path) -> None:
-    from omnidraft_deploy.bundle.atomic import write_text_atomic
-
-    write_text_atomic(out.with_suffix(".json"), json.dumps(result, indent=2))
+def to_markdown(result: dict[str, Any]) -> str:
+    """The report from its JSON (``verify_ms`` keyed by T as text)."""
+    meta = result.get("meta") or {"command": result["command"], "threads": result["threads"],
+                                  "load_avg_start": result["load_before"],
+                                  "load_avg_end": result["load_after"]}  # runs before run_meta  # fmt: skip
     lines = [
         "# Runtime speed: our ONNX graphs vs ONNX Runtime GenAI vs ExecuTorch",
         "",
-        f"Command: `{result['command']}`; threads {result['threads']}; load average before / "
-        f"after: {result['load_before']} / {result['load_after']}. Medians of {result['rounds']} "
-        "round-robin rounds; ratios are what this run shows (the machine is shared).",
+        *meta_lines(meta),
+        f"Medians of {result['rounds']} round-robin rounds; ratios are what this run shows (the "
+        "machine is shared).",
         "",
         "| model | precision | engine | decode tok/s | x GenAI | prefill tok/s | verify T=1 / 5 / 8 ms "
         "| peak RSS MiB | greedy = GenAI | load avg |",
@@ -384,14 +347,14 @@ def write_report(result: dict[str, Any], out: Path) -> None:
             v = e["verify_ms"]
             lines.append(
                 f"| {key.replace('/', ' | ')} | {name} | {e['decode_tok_s']} | {ratio} | "
-                f"{e['prefill_tok_s']} | {v[1]} / {v[5]} / {v[8]} | {e['peak_rss_mb']} | "
+                f"{e['prefill_tok_s']} | {v['1']} / {v['5']} / {v['8']} | {e['peak_rss_mb']} | "
                 f"{e['same_tokens_as_genai']}/{len(e['greedy_tokens'])} | {e['load']} |"
             )
     lines += ["", "## Verify-call latency (ms) by T", "", "| model/precision | engine | "
               + " | ".join(f"T={t}" for t in VERIFY_T) + " |", "|---|---|" + "---|" * len(VERIFY_T)]  # fmt: skip
     for key, engines in result["groups"].items():
         for name, e in engines.items():
-            cells = " | ".join(str(e["verify_ms"][t]) for t in VERIFY_T)
+            cells = " | ".join(str(e["verify_ms"][str(t)]) for t in VERIFY_T)
             lines.append(f"| {key} | {name} | {cells} |")
     lines += ["", "## Export time (s)", "", "| model/precision | ours: load / export / .ort / "
               "verify / total | GenAI builder |", "|---|---|---|"]  # fmt: skip
@@ -401,36 +364,7 @@ def write_report(result: dict[str, Any], out: Path) -> None:
             f"| {key} | {s['load']} / {s['export']} / {s['ort_format']} / {s['verify']} / "
             f"**{s['total']}** | {f['genai']['seconds']} |"
         )
-    write_text_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
-    plot(result, out.with_suffix(".png"))
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    groups = result["groups"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    names = sorted({n for g in groups.values() for n in g})
-    width = 0.8 / max(1, len(names))
-    for j, name in enumerate(names):
-        vals = [g.get(name, {}).get("decode_tok_s", 0) for g in groups.values()]
-        axes[0].bar(np.arange(len(groups)) + j * width, vals, width, label=name)
-    axes[0].set_xticks(np.arange(len(groups)) + 0.4 - width / 2, list(groups), rotation=20)
-    axes[0].set_ylabel("1-token decode tok/s")
-    axes[0].legend()
-    for key, g in groups.items():
-        for name, e in g.items():
-            axes[1].plot(VERIFY_T, [e["verify_ms"][t] for t in VERIFY_T], marker="o",
-                         label=f"{key} {name}")  # fmt: skip
-    axes[1].set_xlabel("tokens per call (T)")
-    axes[1].set_ylabel("verify-call latency ms")
-    axes[1].set_yscale("log")
-    axes[1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -456,9 +390,10 @@ def main() -> None:
     if args.command == "prepare":
         print(json.dumps(prepare(args), indent=2))
         return
+    load0 = os.getloadavg()
     result: dict[str, Any] = {
-        "command": " ".join(sys.argv), "threads": args.threads, "rounds": args.rounds,
-        "load_before": os.getloadavg()[0], "groups": {}, "builds": {},
+        "command": command(), "threads": args.threads, "rounds": args.rounds,
+        "load_before": load0[0], "groups": {}, "builds": {},
     }  # fmt: skip
     for preset in args.models:
         for precision in args.precisions:
@@ -472,8 +407,10 @@ def main() -> None:
                     "ours": json.loads(stages.read_text()),
                     "genai": json.loads(build.read_text()),
                 }
-    result["load_after"] = os.getloadavg()[0]
-    write_report(result, args.out)
+    result["meta"] = run_meta(threads=args.threads, load_avg_start=load0)
+    result["load_after"] = result["meta"]["load_avg_end"][0]
+    write_report(args.out, result, markdown=to_markdown,
+                 plot=lambda d, png: runtime_speed_png(d, png.with_suffix(".json")))  # fmt: skip
 
 
 if __name__ == "__main__":

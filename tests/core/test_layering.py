@@ -7,7 +7,9 @@
 - one graph-call contract: graph input / output names are spelled only in
   ``omnidraft_deploy/bundle/graph_contract.py``;
 - one backend list: no literal collection of backend names outside ``omnidraft_deploy/catalog/backends.py``;
-- one vocabulary assembly: tokenizers + mapper of a pair are built by ``vocab/pair.py`` only.
+- one vocabulary assembly: tokenizers + mapper of a pair are built by ``vocab/pair.py`` only;
+- no benchmark code in the library: no library module imports ``benchmarks``, and none that no
+  entry point reaches serves a benchmark (such a module belongs in ``benchmarks/``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +39,7 @@ LOADER_SOURCES = {
     "load_hf_folder": {"omnidraft_deploy/resolve/load.py"},
 }  # hf_adapter.gguf_to_hf_folder is not listed: it converts files for transformers / GenAI
 HF_LOAD = ("omnidraft_deploy.reference.hf_adapter", "load_model")
-# build_mapper's callers: the one assembly, and the sites the speculative-loop / benchmark owners
-# still move onto ``vocab.pair.load_pair_vocab`` (issue 27; listed so that none is added)
-MAPPER_BUILDERS = {
-    "omnidraft_deploy/vocab/pair.py",
-    "omnidraft_deploy/real_pair.py",
-    "benchmarks/ort_pair.py",
-    "benchmarks/headline_adapt.py",
-    "benchmarks/distill_table.py",
-}
+MAPPER_BUILDERS = {"omnidraft_deploy/vocab/pair.py"}  # build_mapper's callers: the one assembly
 CONTRACT = "omnidraft_deploy/bundle/graph_contract.py"
 BACKENDS = "omnidraft_deploy/catalog/backends.py"
 INSTALLED = {  # folder -> the package it installs as (pyproject's package-dir)
@@ -53,15 +47,13 @@ INSTALLED = {  # folder -> the package it installs as (pyproject's package-dir)
     "runtime": "omnidraft_deploy.runtime",
     "exporters": "omnidraft_deploy.exporters",
 }
+INSTALLED_FOLDERS = tuple(INSTALLED)
 # each cycle from its least module; the exporters' three (quantize <-> onnx_fused <-> int4_plan)
 # went with issue 27: the int4 grid maths lives in exporters/quant/, which the ONNX writer imports
 KNOWN_CYCLES: dict[str, tuple[str, ...]] = {}
 ENTRY_POINTS = ("omnidraft_deploy.cli.main", "omnidraft_deploy.golden",
                 "omnidraft_deploy.runtime", "omnidraft_deploy.exporters")  # fmt: skip
-BENCHMARK_CODE = {  # library modules only benchmarks use, named a benchmark / baseline
-    "omnidraft_deploy.real_pair": "moves to benchmarks/ (owner: main)",
-    "omnidraft_deploy.hf_baseline": "moves to benchmarks/ with real_pair (owner: main)",
-}
+BENCHMARKS = "benchmarks"
 
 
 def _files(folders: tuple[str, ...] = LIBRARY) -> Iterator[tuple[str, ast.Module]]:
@@ -197,11 +189,13 @@ def module_graph() -> dict[str, set[str]]:
     trees = {
         name: ast.parse(path.read_text(), str(path)) for name, path in installed_modules().items()
     }
-    graph = {}
-    for name, tree in trees.items():
-        targets = {f"{m}.{n}" if f"{m}.{n}" in trees else m for m, n in _imports(tree)}
-        graph[name] = {t for t in targets if t in trees and t != name}
-    return graph
+    return {name: _targets(tree, trees) - {name} for name, tree in trees.items()}
+
+
+def _targets(tree: ast.Module, known: Collection[str]) -> set[str]:
+    """The modules of ``known`` that ``tree`` imports (``from pkg import mod`` names ``pkg.mod``)."""
+    found = {f"{m}.{n}" if f"{m}.{n}" in known else m for m, n in _imports(tree)}
+    return found & set(known)
 
 
 def _cycles_through(graph: dict[str, set[str]], start: str) -> Iterator[tuple[str, ...]]:
@@ -246,21 +240,45 @@ def _reachable(graph: dict[str, set[str]], roots: list[str]) -> set[str]:
     return seen
 
 
-def _summary(path: Path) -> str:
-    return (ast.get_docstring(ast.parse(path.read_text())) or "").split("\n")[0].lower()
+def benchmark_code_in_library(graph: dict[str, set[str]], library: dict[str, set[str]],
+                              benchmarks: dict[str, set[str]]) -> list[str]:  # fmt: skip
+    """``graph``: the installed modules' imports; ``library``: library file -> the modules it
+    imports; ``benchmarks``: benchmark file -> the library modules it imports."""
+    bad = [f"{rel} imports {m}: the library never imports the benchmarks"
+           for rel, mods in sorted(library.items()) for m in sorted(mods)
+           if m == BENCHMARKS or m.startswith(f"{BENCHMARKS}.")]  # fmt: skip
+    reached = _reachable(graph, [m for m in graph if m.startswith(ENTRY_POINTS)])
+    reached |= {m.rsplit(".", i)[0] for m in reached for i in range(1, m.count(".") + 1)}
+    for module in sorted(set(graph) - reached):  # no command, exporter or runtime path needs it
+        users = sorted(rel for rel, mods in benchmarks.items() if module in mods)
+        if users:
+            bad.append(f"{module} serves only {', '.join(users)}: it belongs in benchmarks/")
+    return bad
 
 
 def test_no_benchmark_code_in_the_library() -> None:
-    """A module no entry point reaches (only benchmarks / tests import it) whose summary calls it a
-    benchmark or a baseline belongs in ``benchmarks/``."""
     graph = module_graph()
-    roots = [m for m in graph if m.startswith(ENTRY_POINTS)]
-    unreached = sorted(set(graph) - _reachable(graph, roots))
-    paths = installed_modules()
-    found = {m for m in unreached if re.search(r"benchmark|baseline", _summary(paths[m]))}
-    print("benchmark code still in the library:", *sorted(BENCHMARK_CODE.items()), sep="\n  ")
-    assert sorted(found - set(BENCHMARK_CODE)) == [], "benchmark code goes in benchmarks/"
-    assert sorted(set(BENCHMARK_CODE) - found) == [], "moved out: drop it from BENCHMARK_CODE"
+    library = {rel: {m for m, _ in _imports(tree)} for rel, tree in _files(INSTALLED_FOLDERS)}
+    benchmarks = {rel: _targets(tree, graph) for rel, tree in _files((BENCHMARKS,))}
+    assert benchmark_code_in_library(graph, library, benchmarks) == []
+
+
+def test_the_benchmark_check_sees_violations() -> None:
+    graph = {"omnidraft_deploy.cli.main": {"omnidraft_deploy.a"}, "omnidraft_deploy.a": set(),
+             "omnidraft_deploy.b": set(), "omnidraft_deploy.c": {"omnidraft_deploy.b"}}  # fmt: skip
+    library = {"omnidraft_deploy/a.py": {"benchmarks.common.timer", "torch"},
+               "omnidraft_deploy/b.py": {"benchmarks_of_another_kind"}}  # fmt: skip
+    bench = {"benchmarks/x.py": {"omnidraft_deploy.a", "omnidraft_deploy.c"},
+             "benchmarks/y.py": {"omnidraft_deploy.c"}}  # fmt: skip
+    assert benchmark_code_in_library(graph, library, bench) == [
+        "omnidraft_deploy/a.py imports benchmarks.common.timer: the library never imports the "
+        "benchmarks",
+        "omnidraft_deploy.c serves only benchmarks/x.py, benchmarks/y.py: it belongs in benchmarks/",
+    ]  # b: unreached too, but no benchmark imports it (c does, inside the library)
+    tree = ast.parse("def f():\n    from omnidraft_deploy.distill import evaluate\n")
+    assert _targets(tree, {"omnidraft_deploy.distill.evaluate"}) == {
+        "omnidraft_deploy.distill.evaluate"
+    }
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> Counter[str]:

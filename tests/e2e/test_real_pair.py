@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidraft_deploy import real_pair as rp
-from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
+from omnidraft_deploy.catalog.presets import get_preset
+from omnidraft_deploy.resolve.pair import Pair, build_pair
+from omnidraft_deploy.speculative.decoder import (
+    DecodeConfig,
+    SpeculativeDecoder,
+    generate_target_only,
+)
 from omnidraft_deploy.speculative.draft_len import make_policy
 from omnidraft_deploy.testing import TableTokenizer
 from omnidraft_deploy.vocab.build import build_mapper, unspellable_target_ids
@@ -48,49 +53,22 @@ def test_byte_safe_mapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert again.placeholder_counts == mapper.placeholder_counts
 
 
-def test_spec_setting_validates() -> None:
-    assert rp.SpecSetting("heuristic", 3).name == "ours_spec_heuristic_k3"
-    with pytest.raises(ValueError, match="draft_len"):
-        rp.SpecSetting("fixed", 0)
-
-
-def test_summarise_speedups() -> None:
-    rows = [
-        {"method": "ours_target", "task": "code", "n_tokens": 10, "wall_s": 4.0,
-         "equal_own_baseline": True, "equal_hf_target": False},
-        {"method": "ours_spec_fixed_k2", "task": "code", "n_tokens": 10, "wall_s": 2.0,
-         "equal_own_baseline": True, "equal_hf_target": False},
-        {"method": "hf_target", "task": "code", "n_tokens": 10, "wall_s": 3.0,
-         "equal_own_baseline": True, "equal_hf_target": True},
-    ]  # fmt: skip
-    s = rp.summarise(rows)
-    assert s["ours_spec_fixed_k2"]["speedup_vs_own_target"] == pytest.approx(2.0)
-    assert s["ours_spec_fixed_k2"]["speedup_vs_hf_target"] == pytest.approx(1.5)
-    assert s["hf_target"]["speedup_vs_own_target"] == pytest.approx(1.0)
-    assert s["ours_target"]["tokens_per_s"] == pytest.approx(2.5)
-
-
-def test_side_by_side_rows_name_their_own_baseline() -> None:
-    """Every method family has a baseline, ORT GenAI's rows included (they once raised KeyError)."""
-    methods = {name: (lambda ids: ([1, 2], 0.01, None)) for name in
-               ("ours_target", "ours_lookup", "genai_target", "hf_target", "hf_assisted")}  # fmt: skip
-    res = rp.run_side_by_side(methods, [("code", [5, 6])], repeats=1, warmup=False)
-    base = {r["method"]: r["own_baseline"] for r in res.rows}
-    assert base == {"ours_target": "ours_target", "ours_lookup": "ours_target",
-                    "genai_target": "genai_target", "hf_target": "hf_target",
-                    "hf_assisted": "hf_target"}  # fmt: skip
-    assert all(r["equal_own_baseline"] for r in res.rows)
-
-
 @pytest.fixture(scope="module")
-def real_pair(require_asset: Callable[[str], Path]) -> rp.RealPair:
+def real_pair(require_asset: Callable[[str], Path]) -> Pair:
+    """The pair through the library's one loader (``resolve.pair.build_pair``)."""
     require_asset("smollm2-135m-gguf")
     require_asset("qwen2.5-0.5b-gguf")
-    return rp.load_real_pair(max_seq_len=256, with_hf=False)
+    return build_pair(get_preset("qwen2.5-0.5b"), get_preset("smollm2-135m"), max_seq_len=256)
+
+
+def _config(pair: Pair, max_new_tokens: int) -> DecodeConfig:
+    """Greedy, the target's EOS ids, the padded logits rows past the vocabulary masked."""
+    return DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=tuple(pair.target_tok.eos_ids),
+                        vocab_limit=pair.mapper.target_vocab_size)  # fmt: skip
 
 
 @pytest.mark.slow
-def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair) -> None:
+def test_real_mapper_spells_every_spellable_target_token(real_pair: Pair) -> None:
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     drafter_tok, target_tok = load_tokenizer("smollm2"), load_tokenizer("qwen2")
@@ -106,12 +84,12 @@ def test_real_mapper_spells_every_spellable_target_token(real_pair: rp.RealPair)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["heuristic", "predictor"])
-def test_greedy_speculative_equals_target_only(real_pair: rp.RealPair, policy: str) -> None:
+def test_greedy_speculative_equals_target_only(real_pair: Pair, policy: str) -> None:
     from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.ngram.cache import NGramCache
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    cfg = rp.decode_config(real_pair, 16)
+    cfg = _config(real_pair, 16)
     dec = SpeculativeDecoder(real_pair.target, real_pair.drafter, real_pair.mapper,
                              make_policy(policy, 3), NGramCache(), config=cfg)  # fmt: skip
     prompts = [p for p in load_prompts({"code", "chat", "math"})][::3]
@@ -153,9 +131,7 @@ SPECIAL_PROMPTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(SPECIAL_PROMPTS))
-def test_tool_call_and_fim_prompts_decode_like_target_only(
-    real_pair: rp.RealPair, kind: str
-) -> None:
+def test_tool_call_and_fim_prompts_decode_like_target_only(real_pair: Pair, kind: str) -> None:
     """Issue 15: Qwen2.5's tool-call / FIM ids (151646-151664) crashed the speculative path."""
     from omnidraft_deploy.ngram.cache import NGramCache
 
@@ -163,7 +139,7 @@ def test_tool_call_and_fim_prompts_decode_like_target_only(
     tok = real_pair.target_tok
     ids = tok.encode(SPECIAL_PROMPTS[kind])
     assert any(151646 <= i < 151665 for i in ids)  # Qwen2.5's added tokens are in the prompt
-    cfg = rp.decode_config(real_pair, 32)
+    cfg = _config(real_pair, 32)
     want, _ = generate_target_only(real_pair.target, ids, cfg)
     dec = SpeculativeDecoder(real_pair.target, real_pair.drafter, real_pair.mapper,
                              make_policy("heuristic", 3), NGramCache(), config=cfg)  # fmt: skip

@@ -15,15 +15,13 @@ import fcntl
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
-from render_reports import fuzz_md  # type: ignore[import-not-found]  # noqa: E402
+from benchmarks.render_reports import fuzz_md
 
 LONG = os.environ.get("OMNIDRAFT_RELIABILITY") == "long"
 REPORTS = Path(__file__).resolve().parents[2] / "reports" / "fuzz"
@@ -104,7 +102,8 @@ def merge(old: dict[str, Any], new: dict[str, dict[str, Any]], run: dict[str, An
 @pytest.fixture(scope="session", autouse=True)
 def reliability_report(request: pytest.FixtureRequest) -> Any:
     """Long mode: merge this session's parts into reports/fuzz/fuzz.json (``merge``) and rewrite
-    reports/fuzz/fuzz.md from all rows (``docs/render_reports.fuzz_md``, as ``make reports`` does)."""
+    reports/fuzz/fuzz.md from all rows (``benchmarks.render_reports.fuzz_md``, as ``make reports``
+    does)."""
     load_before = os.getloadavg()
     yield
     if not LONG or not RESULTS:

@@ -1,8 +1,9 @@
 """Render reports/<benchmark>/*.md and *.png from the JSON beside them (``make reports``).
 
 The JSON a benchmark writes is the source; this script re-renders what can be rendered from it
-alone, so a table or plot never drifts from its numbers. It imports nothing from the project (the
-benchmark scripts move; the JSON layout is the contract) and needs only the stdlib and matplotlib.
+alone, so a table or plot never drifts from its numbers. It needs only the stdlib and matplotlib,
+and the benchmarks' own renderers where a kind has one (early_exit's plot); a benchmark that writes
+a kind below renders its md with the same function at run time (``common.report.write_report``).
 
 Kinds (the folder names the kind):
 - export_report, batch_invariance, matmul_kernels, fuzz: md rendered from the JSON.
@@ -13,7 +14,7 @@ Every other md/png (no JSON beside it) is listed as "md kept as written".
 Each rendered md names the command, machine and load average where the JSON records them, and
 the git revision that last changed the JSON.
 
-    .venv/bin/python docs/render_reports.py [--reports reports] [--check]
+    .venv/bin/python -m benchmarks.render_reports [--reports reports]
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import argparse
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-TASKS = ("math", "code", "chat", "summarisation")
+from benchmarks.common.report import pyplot, save_figure
+
+TASKS = ("math", "code", "chat", "summarisation", "code_edit")  # their order in the plots
 MD_FROM_JSON = ("export_report", "batch_invariance", "matmul_kernels", "fuzz")
 PNG_FROM_JSON = ("real_pair", "runtime_speed", "early_exit")
 
@@ -76,10 +79,14 @@ def _num(v: Any, spec: str = ".3g") -> str:
 
 def export_report_md(d: dict[str, Any], src: Path) -> str:
     m = d["meta"]
-    lines = header(f"Export report: {src.stem}", src, extra=[
-        f"- torch {m.get('torch')}, {m.get('threads')} threads, max_seq_len {m.get('max_seq_len')}, "
-        f"{m.get('prompts')} prompts per model; parity over prefill, single steps and a rollback",
-        "- command and load: not recorded in the JSON (see docs/results/exports-and-quantisation.md)"])  # fmt: skip
+    unrecorded = ["- command and load: not recorded in the JSON (see "
+                  "docs/results/exports-and-quantisation.md)"] if "command" not in m else []  # fmt: skip
+    lines = header(f"Export report: {src.stem}", src, command=m.get("command"),
+                   machine=_machine(m.get("machine")),
+                   load=(m["load_avg_start"], m["load_avg_end"]) if "load_avg_end" in m else None,
+                   extra=[f"- torch {m.get('torch')}, {m.get('threads')} threads, max_seq_len "
+                          f"{m.get('max_seq_len')}, {m.get('prompts')} prompts per model; parity "
+                          "over prefill, single steps and a rollback", *unrecorded])  # fmt: skip
     lines += ["| model | backend | quant | graph MiB | export s (stages) | peak RSS MB | verify s | "
               "max abs diff | max logit | top-1 | pass | decode tok/s | placement |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -119,11 +126,18 @@ def _export_cells(r: dict[str, Any]) -> list[str]:
             _num(spd.get("speed_decode_tok_s"), ".1f"), place]  # fmt: skip
 
 
+def _machine(v: Any) -> str | None:
+    """A machine as a run recorded it: ``{"cpu", "cpus"}`` (``common.report.machine``) or text."""
+    return f"{v.get('cpu')}, {v.get('cpus')} CPUs" if isinstance(v, dict) else v
+
+
 def batch_invariance_md(d: dict[str, Any], src: Path) -> str:
     m = d["meta"]
+    run = [f"- run at revision {m['revision']}"] if "revision" in m else []
     lines = header(f"Batch invariance: {src.stem}", src, command=m.get("command"),
+                   machine=_machine(m.get("machine")),
                    load=(m.get("load_avg_start"), m.get("load_avg_end")),
-                   extra=[f"- {m.get('prompts')} prompts, {m.get('utc')} UTC"])  # fmt: skip
+                   extra=[*run, f"- {m.get('prompts')} prompts, {m.get('utc')} UTC"])  # fmt: skip
     lines += ["Rows whose logits differ (bitwise) between a 1-token call and a T-token call.", "",
               "| graph | width T | rows | rows not bitwise equal | max abs diff | argmax changes |",
               "|---|---|---|---|---|---|"]  # fmt: skip
@@ -139,7 +153,9 @@ def batch_invariance_md(d: dict[str, Any], src: Path) -> str:
 
 
 def matmul_kernels_md(d: dict[str, Any], src: Path) -> str:
+    m = d.get("meta", {})  # runs since the benchmarks package record their command and machine
     lines = header("One weight matmul of each Qwen2.5 shape, per kernel and row count", src,
+                   command=m.get("command"), machine=_machine(m.get("machine")),
                    load=(d.get("load_avg_start"), d.get("load_avg_end")),
                    extra=[f"- {d.get('threads')} threads; ms, interleaved"])  # fmt: skip
     rows = sorted({r for v in d["ms"].values() for r in v}, key=int)
@@ -182,19 +198,20 @@ def fuzz_md(d: dict[str, Any], src: Path) -> str:
 # --- png from JSON ----------------------------------------------------------------------------
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def ordered_tasks(tasks: Iterable[str]) -> list[str]:
+    """The distinct ``tasks`` in the canonical order (``TASKS``), unknown ones after."""
+    seen = list(dict.fromkeys(tasks))
+    return [t for t in TASKS if t in seen] + [t for t in seen if t not in TASKS]
 
 
 def real_pair_png(d: dict[str, Any], src: Path) -> list[Path]:
-    plt, out = _pyplot(), []
-    summ, quant = d["summary"], d["chunks"][0].get("target_quant", "int8")
-    for task in TASKS:
+    """One plot per task of a real-pair report (``benchmarks.real_pair_report``): measured and
+    predicted speedup of every configuration over our target-only."""
+    plt, out = pyplot(), []
+    summ, meta = d["summary"], d["chunks"][0]
+    quant, target = meta.get("target_quant", "int8"), meta.get("target", "Qwen2.5-Coder-0.5B")
+    modes = meta.get("modes", "greedy")  # greedy rows, or greedy,exact (sampled rows too)
+    for task in ordered_tasks(t for per in summ.values() for t in per if t != "overall"):
         names = [m for m, per in summ.items() if task in per and m != "ours_target"]
         if not names:
             continue
@@ -208,17 +225,15 @@ def real_pair_png(d: dict[str, Any], src: Path) -> list[Path]:
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(list(xs), names, rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("speedup vs our ORT target-only")
-        ax.set_title(f"{src.stem}, {task}: Qwen2.5-Coder-0.5B {quant} ORT, greedy")
+        ax.set_title(f"{src.stem}, {task}: {target} {quant} ORT, {modes.replace(',', ' + ')}")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        out.append(src.with_name(f"{src.stem}_{task}.png"))
-        fig.savefig(out[-1], dpi=110)
-        plt.close(fig)
+        out.append(save_figure(fig, src.with_name(f"{src.stem}_{task}.png")))
     return out
 
 
 def runtime_speed_png(d: dict[str, Any], src: Path) -> list[Path]:
-    plt, groups = _pyplot(), d["groups"]
+    plt, groups = pyplot(), d["groups"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     names = sorted({n for g in groups.values() for n in g})
     width = 0.8 / max(1, len(names))
@@ -239,16 +254,12 @@ def runtime_speed_png(d: dict[str, Any], src: Path) -> list[Path]:
     axes[1].legend(fontsize=6)
     fig.suptitle(f"load {_load(d.get('load_before'))} -> {_load(d.get('load_after'))}", fontsize=8)
     fig.tight_layout()
-    out = src.with_suffix(".png")
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return [out]
+    return [save_figure(fig, src.with_suffix(".png"), dpi=120)]
 
 
 def early_exit_png(d: dict[str, Any], src: Path) -> list[Path]:
-    """The benchmark's own plot (``benchmarks/early_exit.plot``) from its JSON."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from early_exit import plot  # type: ignore[import-not-found]
+    """The benchmark's own plot (``benchmarks.early_exit.plot``) from its JSON."""
+    from benchmarks.early_exit import plot
 
     out = src.with_suffix(".png")
     plot(d, out)

@@ -7,6 +7,7 @@ drafts), target tokens per target call, and teacher-forced top-1 agreement: the 
 target's greedy continuation, spelled in drafter ids, that the drafter predicts top-1 given the
 true prefix (what the drafter has learned, independent of the draft-length policy). It also
 returns the generated ids, so callers check greedy outputs against target-only decoding.
+Used by the early-exit and headline benchmarks (no product path measures a drafter this way).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from typing import Any
 
 import torch
 
+from benchmarks.common.pair import make_decoder
 from omnidraft_deploy.distill.align import MapperLike, translate
+from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.torch_lm import EagerLM
+from omnidraft_deploy.speculative.decoder import DecodeConfig
 
 _MARKERS = ("\nAnswer:", "\nAssistant:", "\nSummary:")  # a prompt ends where the answer starts
 
@@ -34,12 +39,17 @@ class EvalSettings:
             raise ValueError(f"bad evaluation settings {self}")
 
 
-def prompt_text(doc: str, max_chars: int = 600) -> str:
-    """The document up to its answer marker, else its first ``max_chars`` characters."""
+def answer_prefix(doc: str) -> str | None:
+    """The document up to (and with) its first answer marker, or None without one."""
     for marker in _MARKERS:
         if marker in doc:
             return doc[: doc.index(marker) + len(marker)]
-    return doc[:max_chars]
+    return None
+
+
+def prompt_text(doc: str, max_chars: int = 600) -> str:
+    """The document up to its answer marker, else its first ``max_chars`` characters."""
+    return answer_prefix(doc) or doc[:max_chars]
 
 
 def task_prompts(
@@ -84,18 +94,16 @@ def evaluate_drafter(
     prompts: list[list[int]],
     settings: EvalSettings,
     eos_ids: tuple[int, ...] = (),
+    *,
+    teacher_forced: bool = True,
 ) -> tuple[dict[str, float], list[list[int]]]:
     """Greedy speculative decoding of ``prompts`` with ``drafter`` (eager) against ``target``
-    (a ``CausalLM``). Returns (figures, generated target ids per prompt)."""
-    from omnidraft_deploy.ngram.cache import NGramCache
-    from omnidraft_deploy.reference.torch_lm import EagerLM
-    from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-    from omnidraft_deploy.speculative.draft_len import FixedDraftLen
-
+    (a ``CausalLM``), one decoder (and n-gram cache) for the whole stream. Returns (figures,
+    generated target ids per prompt); ``teacher_forced``: also the drafter's top-1 agreement."""
     cfg = DecodeConfig(max_new_tokens=settings.max_new_tokens, eos_ids=eos_ids,
                        vocab_limit=mapper.target_vocab_size)  # fmt: skip
-    dec = SpeculativeDecoder(target, EagerLM(drafter), mapper, FixedDraftLen(settings.draft_len),
-                             NGramCache(), config=cfg)  # fmt: skip
+    dec = make_decoder(target, EagerLM(drafter), mapper, cfg, draft_len=settings.draft_len,
+                       ngram_cache=NGramCache())  # fmt: skip
     acc = prop = gen = calls = 0
     outputs = []
     for p in prompts:
@@ -106,8 +114,11 @@ def evaluate_drafter(
     figures = {
         "acceptance_rate": acc / max(prop, 1),
         "tokens_per_target_call": gen / max(calls, 1),
-        "teacher_forced_top1": teacher_forced_top1(drafter, mapper, prompts, outputs),
+        "accepted": acc,
+        "proposed": prop,
         "prompts": float(len(prompts)),
         "generated": float(gen),
     }
+    if teacher_forced:
+        figures["teacher_forced_top1"] = teacher_forced_top1(drafter, mapper, prompts, outputs)
     return figures, outputs

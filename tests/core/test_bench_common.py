@@ -1,0 +1,109 @@
+"""The benchmarks' common part: round-robin timer, decoder factory, report writer (no timing
+asserted: these check the order of calls, the rows, the wiring and what a report records)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.common import report, timer
+from benchmarks.common.pair import make_decoder, prompt_texts
+from omnidraft_deploy.speculative.cost import CostProfile
+from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
+from omnidraft_deploy.speculative.hybrid import HybridProposer
+from omnidraft_deploy.testing import toy_models
+
+PROFILE = CostProfile(target_ms=(10.0, 11.0, 12.0, 13.0), drafter_ms=(1.0, 1.1, 1.2, 1.3))
+
+
+def test_interleaved_alternates_the_functions() -> None:
+    calls: list[str] = []
+    out = timer.interleaved({k: (lambda k=k: calls.append(k) or len(calls)) for k in "abc"}, 2)
+    assert calls == ["a", "b", "c", "a", "b", "c"]
+    assert out == {"a": [1, 4], "b": [2, 5], "c": [3, 6]}
+    with pytest.raises(ValueError, match="rounds"):
+        timer.interleaved({"a": lambda: 0}, 0)
+
+
+def test_side_by_side_rows_name_their_own_baseline() -> None:
+    """Every method family has a baseline, ORT GenAI's rows included (they once raised KeyError);
+    the run sets the torch threads it was given and restores them, and records the load."""
+    before, seen = torch.get_num_threads(), []
+
+    def method(ids: list[int]) -> timer.Run:
+        seen.append(torch.get_num_threads())
+        return [1, 2], 0.01, None
+
+    names = ("ours_target", "ours_lookup", "genai_target", "hf_target", "hf_assisted")
+    res = timer.run_side_by_side({n: method for n in names}, [("code", [5, 6]), ("math", [7])],
+                                 threads=1, repeats=2, warmup=False)  # fmt: skip
+    base = {r["method"]: r["own_baseline"] for r in res.rows}
+    assert base == {"ours_target": "ours_target", "ours_lookup": "ours_target",
+                    "genai_target": "genai_target", "hf_target": "hf_target",
+                    "hf_assisted": "hf_target"}  # fmt: skip
+    assert all(r["equal_own_baseline"] and r["wall_all_s"] == [0.01, 0.01] for r in res.rows)
+    assert [r["task"] for r in res.rows] == ["code"] * 5 + ["math"] * 5
+    assert res.outputs["genai_target"] == [[1, 2], [1, 2]]
+    assert seen == [1] * 20 and torch.get_num_threads() == before
+    assert res.meta["threads"] == 1 and len(res.meta["load_avg_start"]) == 3
+    assert res.meta["utc_start"] <= res.meta["utc_end"]
+
+
+def test_the_factory_wires_cost_aware_hybrid_decoders() -> None:
+    target, drafter, mapper = toy_models()
+    cfg = DecodeConfig(max_new_tokens=6)
+    prompt = [1, 2, 3]
+    want, _ = generate_target_only(target, prompt, cfg)
+    dec = make_decoder(target, drafter, mapper, cfg, policy="cost", draft_len=3, profile=PROFILE,
+                       lookup=True)  # fmt: skip
+    assert isinstance(dec.drafter, HybridProposer)
+    out, wall, st = timer.decoder_run(dec, profile=PROFILE)(prompt)
+    assert out == want and wall > 0  # greedy speculative output is target-only output
+    assert {"predicted_base_ms", "predicted_spec_ms", "model", "lookup", "none"} <= set(
+        getattr(st, "extra", {})
+    )
+    fixed = make_decoder(target, drafter, mapper, cfg, policy="fixed", draft_len=2)
+    assert timer.decoder_run(fixed)(prompt)[0] == want == timer.target_run(target, cfg)(prompt)[0]
+    with pytest.raises(ValueError, match="measured profile"):
+        make_decoder(target, drafter, mapper, cfg, policy="cost")
+    with pytest.raises(ValueError, match="cost policy only"):
+        make_decoder(target, drafter, mapper, cfg, policy="heuristic", profile=PROFILE)
+    with pytest.raises(KeyError, match="unknown draft-length policy"):
+        make_decoder(target, drafter, mapper, cfg, policy="fastest")
+
+
+def test_the_real_pair_prompt_set() -> None:
+    plain, more = prompt_texts(), prompt_texts(code_edit=True)
+    assert len(plain) == 24 and {p["task"] for p in plain} == {"math", "code", "chat",
+                                                               "summarisation"}  # fmt: skip
+    assert more[:24] == plain and {p["task"] for p in more[24:]} == {"code_edit"}
+
+
+def test_a_report_is_rendered_from_its_json(tmp_path: Path) -> None:
+    """The md sees what the JSON holds (tuples come back as lists), and every report's meta
+    names its command, revision, machine, threads and load."""
+    meta = report.run_meta(threads=2, argv=["run", "--tasks", "code math"],
+                           load_avg_start=(9.0, 8.0, 7.0))  # fmt: skip
+    assert meta["command"].startswith("python -m ") and meta["command"].endswith(
+        "run --tasks 'code math'"
+    )
+    assert meta["revision"] and meta["machine"]["cpus"] == os.cpu_count()
+    assert meta["load_avg_start"] == [9.0, 8.0, 7.0] and len(meta["load_avg_end"]) == 3
+    seen: list[object] = []
+
+    def markdown(d: dict[str, object]) -> str:
+        seen.append(d["pair"])
+        return "\n".join(report.meta_lines(d["meta"]))  # type: ignore[arg-type]
+
+    src = report.write_report(tmp_path / "x" / "bench", {"meta": meta, "pair": (1, 2)},
+                              markdown=markdown, plot=lambda d, png: png.write_text("png"))  # fmt: skip
+    assert src == tmp_path / "x" / "bench.json" and json.loads(src.read_text())["pair"] == [1, 2]
+    assert seen == [[1, 2]]
+    md = (tmp_path / "x" / "bench.md").read_text()
+    assert meta["command"] in md and meta["revision"] in md and "9.00 8.00 7.00" in md
+    assert f"{os.cpu_count()} CPUs" in md and "threads: 2" in md
+    assert (tmp_path / "x" / "bench.png").read_text() == "png"

@@ -25,7 +25,8 @@ Schema (version 1)::
      "files": {"<relative path>": {"sha256": "<hex>", "size": <int>, "role": "<role>"}},
      "extras": {...free-form, informational only, e.g. export timings and peak RSS...}}
 
-    GraphInfo = {"file": "drafter.pte", "preset": "tiny-llama-68m", "family": "llama",
+    GraphInfo = {"file": "drafter.pte", "preset": "tiny-llama-68m" | "<model's own name>",
+                 "family": "llama",
                  "tokenizer": "llama2", "vocab_size": 32000, "max_seq_len": 512,
                  "seq_len": null (dynamic) | <int> (static), "n_layers": 2, "n_kv_heads": 4,
                  "head_dim": 16, "quantization": "fp32|8da4w|int8w|qdq-u8|int8|int4",
@@ -37,7 +38,8 @@ Validation (``validate()`` of each section, run on construction and so before an
 allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
 keys, at most ``MAX_MANIFEST_BYTES`` and ``MAX_JSON_DEPTH`` levels; ``file`` is ``<role>.pte`` for
 xnnpack and ``<role>.onnx`` otherwise; ``preset`` is a known preset whose family and tokenizer
-match; ``quantization`` is a recipe of the backend; qnn graphs are static (``seq_len`` ==
+match, or (weights exported with no preset) the model's own name, a plain identifier with a known
+family and tokenizer; ``quantization`` is a recipe of the backend; qnn graphs are static (``seq_len`` ==
 ``draft_len + 1``), others dynamic; the KV cache a graph implies stays under ``MAX_KV_BYTES``.
 Every failure is a ``BundleError`` naming the file and the field.
 """
@@ -237,14 +239,7 @@ class Manifest:
                 f"field {where}.file: {g.file!r} is not listed as {role}_graph in files"
             )
         _str(f"{where}.quantization", g.quantization, recipe_names(self.backend))
-        from omnidraft_deploy.catalog.presets import get_preset
-
-        try:
-            spec = get_preset(g.preset)
-        except KeyError:
-            raise ValueError(f"field {where}.preset: unknown preset {g.preset!r}") from None
-        _str(f"{where}.family", g.family, [spec.family.value])
-        _str(f"{where}.tokenizer", g.tokenizer, [spec.tokenizer])
+        _check_model(where, g)
         static = self.backend == "qnn"
         if static and g.seq_len != self.draft_len + 1:
             raise ValueError(f"field {where}.seq_len: {g.seq_len}, qnn graphs take draft_len + 1")
@@ -293,6 +288,23 @@ class Manifest:
             return cls(graphs=graphs, files=files, **raw)
         except (TypeError, ValueError) as e:
             raise BundleError(source, str(e)) from None
+
+
+def _check_model(where: str, g: GraphInfo) -> None:
+    """``preset`` is a preset whose family and tokenizer ``g`` repeats, or (weights exported with
+    no preset) the model's own name: a plain identifier with a known family and tokenizer."""
+    from omnidraft_deploy.catalog.presets import PRESETS, Family
+    from omnidraft_deploy.vocab.tokenizers import TOKENIZERS
+
+    spec = PRESETS.get(g.preset)
+    if spec is None and not _REL_PART.fullmatch(g.preset):
+        raise ValueError(f"field {where}.preset: {g.preset!r:.80} is neither a preset nor a "
+                         "model's own name (letters, digits, '.', '_', '-')")  # fmt: skip
+    families = [f.value for f in Family] if spec is None else [spec.family.value]
+    _str(f"{where}.family", g.family, families)
+    _str(
+        f"{where}.tokenizer", g.tokenizer, sorted(TOKENIZERS) if spec is None else [spec.tokenizer]
+    )
 
 
 def _obj(where: str, value: object) -> dict[str, Any]:

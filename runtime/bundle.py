@@ -200,6 +200,7 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
         raise BundleError(root / VOCAB_MAP, str(e).removeprefix(f"{root / VOCAB_MAP}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / VOCAB_MAP, "content hash differs from manifest mapping_hash")
+    check_map_tokenizers(root, manifest, mapper)
     # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
     # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
     # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
@@ -224,6 +225,32 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
     except NGramFormatError as e:
         raise BundleError(root / NGRAM_CACHE, e.problem) from None
     return mapper, cache
+
+
+def check_map_tokenizers(root: Path, manifest: Manifest, mapper: VocabMapper) -> None:
+    """The map against the bundle's tokenizers: one entry per tokenizer id on each side
+    (``vocab_size_of``: bundles whose tokenizer states its size, every export since issue 28), and
+    every target id spelled by at least one drafter id, except a target BOS the drafter has no
+    counterpart of (``mapper``: spelled by nothing). Bytes the drafter cannot spell are counted
+    in the map (placeholders), never left out."""
+    from omnidraft_deploy.vocab.bundle_tokenizer import vocab_size_of
+    from omnidraft_deploy.vocab.roles import Role
+
+    path = root / VOCAB_MAP
+    for role, n_map in (("target", mapper.target_vocab_size), ("drafter", mapper.draft_vocab_size)):
+        n_tok = vocab_size_of(root, role, manifest.files)
+        if n_tok is not None and n_tok != n_map:
+            raise BundleError(path, f"its {role} side has {n_map} ids but the bundle's {role} "
+                              f"tokenizer ({role}_tokenizer/) has {n_tok}: the map was built for "
+                              "another tokenizer; export the bundle again")  # fmt: skip
+    offsets = mapper.target_to_draft_offsets
+    empty = set((offsets[1:] == offsets[:-1]).nonzero().flatten().tolist())
+    empty -= {t for r, d, t in mapper.roles if r is Role.BOS and d < 0}
+    if empty:
+        shown = sorted(empty)[:5]
+        raise BundleError(path, f"{len(empty)} of {mapper.target_vocab_size} target ids (e.g. "
+                          f"{shown}) have no drafter spelling and are not counted as "
+                          "unspellable: the drafter could never propose them")  # fmt: skip
 
 
 def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> NGramCache:

@@ -35,7 +35,7 @@ Schema (version 1)::
                  "decode_file": null | "<role>_decode.onnx" (qnn: the same graph at T = 1)}
 
 Validation (``validate()`` of each section, run on construction and so before anything is
-allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
+allocated): ``schema_version`` and ``created_by`` present (never defaulted), exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
 keys, at most ``MAX_MANIFEST_BYTES`` and ``MAX_JSON_DEPTH`` levels; ``file`` is ``<role>.pte`` for
 xnnpack and ``<role>.onnx`` otherwise; ``preset`` is a known preset whose family and tokenizer
 match, or (weights exported with no preset) the model's own name, a plain identifier with a known
@@ -66,6 +66,7 @@ MAX_JSON_DEPTH = 16
 MAX_FILES = 4096
 MAX_FILE_BYTES = 1 << 40
 MAX_KV_BYTES = 64 << 30  # fp32 K + V of one graph at max_seq_len
+REQUIRED = ("schema_version", "created_by")  # never defaulted when read
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _REL_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 
@@ -273,6 +274,10 @@ class Manifest:
             raise BundleError(
                 source, f"not an omnidraft bundle manifest (format != {FORMAT_NAME!r})"
             )
+        missing = [k for k in REQUIRED if k not in raw]
+        if missing:  # no silent defaults: a writer that leaves them out is not ours
+            raise BundleError(source, f"field {missing[0]}: missing (a manifest states its "
+                              f"{' and '.join(REQUIRED)})")  # fmt: skip
         try:
             graphs = {
                 k: _section(GraphInfo, f"graphs.{k}", v)

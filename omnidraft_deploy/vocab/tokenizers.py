@@ -69,6 +69,20 @@ def _bytes_to_unicode() -> dict[int, str]:
 UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in _bytes_to_unicode().items()}
 
 
+def check_text(text: str) -> None:
+    """``ValueError`` for text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
+    which Python strings can hold and UTF-8 cannot), instead of each library's own error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"text is not valid Unicode: lone surrogate {text[e.start]!r} at character "
+            f"{e.start}; pass text that encodes as UTF-8"
+        ) from None
+    except AttributeError:
+        raise TypeError(f"text must be a str, got {type(text).__name__}") from None
+
+
 class _SpecialTokens:
     """BOS / EOS / special ids, shared by both tokenizer kinds (set by their ``__init__``)."""
 
@@ -121,6 +135,7 @@ class SentencePieceTokenizer(_SpecialTokens):
         return int(self._sp.get_piece_size())
 
     def encode(self, text: str) -> list[int]:
+        check_text(text)
         if self._sp_raw is None:
             return list(self._sp.encode(text))
         if not text:
@@ -171,6 +186,7 @@ class BPETokenizer(_SpecialTokens):
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
+        check_text(text)
         if self._nfc:
             text = unicodedata.normalize("NFC", text)
         return list(self._tok.encode(text, add_special_tokens=False).ids)

@@ -5,7 +5,8 @@ the model by its own name and size, with no path of the exporting machine.
 
 Tiny random models of the real architectures carry the real tokenizers (``tiny_weights``): a GGUF
 and a Hugging Face folder for each of llama (Llama-2 SentencePiece), qwen2 and Llama-3. Three
-exports cover the six: each pairs one kind's GGUF (target) with another kind's folder (drafter).
+exports cover the six: each pairs one kind's GGUF (target) with another kind's folder (drafter);
+every source resolves to its own spec in the default run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from omnidraft_deploy.resolve.export_inputs import InputError, resolve_export
 KINDS = ("llama2", "qwen2", "llama3")
 FAMILY = {"llama2": "llama", "qwen2": "qwen2", "llama3": "llama"}
 ROWS = {"llama2": 32000, "qwen2": 151936, "llama3": 128256}  # GGUF rows: the vocab GGUF's table
-PAIRS = [("llama2", "qwen2"), ("qwen2", "llama3"), ("llama3", "llama2")]  # (target GGUF, drafter)
+# (target GGUF, drafter folder); the default run exports one pair (~4 min on 2 loaded cores, most
+# of it the one-time GGUF dequantisation and the target-only reference), -m slow the other two
+PAIRS = [("llama2", "qwen2"),
+         pytest.param("qwen2", "llama3", marks=pytest.mark.slow),
+         pytest.param("llama3", "llama2", marks=pytest.mark.slow)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +128,26 @@ def test_export_from_weights_alone(
         bundle.mapper.target_vocab_size
         == json.loads((out / "target_tokenizer/special_tokens.json").read_text())["vocab_size"]
     )
+
+
+@pytest.mark.parametrize(
+    ("contexts", "requested", "slots", "said"),
+    [((32768, 8192), None, 4096, "capped at 4096"), ((512, 8192), None, 512, "context 512;"),
+     ((32768, 8192), 6000, 6000, "as asked"), ((2048, 2048), 4096, 4096, "beyond the models'")],
+)  # fmt: skip
+def test_default_context_is_the_models_capped_by_a_budget(
+    contexts: tuple[int, int], requested: int | None, slots: int, said: str, tmp_path: Path
+) -> None:
+    """Qwen2.5-Coder-1.5B (32,768 positions) + SmolLM2-135M (8,192): 4,096 slots, 404 MiB."""
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.resolve.context import choose_max_seq_len
+    from omnidraft_deploy.resolve.export_inputs import ExportInputs, RoleInputs
+
+    pairs = zip(("target", "drafter"), ("qwen2.5-1.5b", "smollm2-135m"), contexts, strict=True)
+    roles = [RoleInputs(r, get_preset(p), None, None, 1, 1, None, c)  # type: ignore[arg-type]
+             for r, p, c in pairs]  # fmt: skip
+    inputs = ExportInputs(*roles, out_dir=tmp_path, replaces_bundle=False)
+    got, note = choose_max_seq_len(inputs, requested)
+    assert got == slots and said in note and f"x {slots} slots" in note
+    if slots == 4096:
+        assert "101.0 KiB per slot" in note and "= 404 MiB" in note

@@ -11,7 +11,9 @@ compare with eager PyTorch: ``exporters.verify``, or the caller's ``verify``; th
 open the staged bundle and renames the folder into place last (``manifest.atomic_bundle_dir``): an interrupted or failed export leaves no folder that looks
 complete, and an existing bundle at ``out_dir`` stays untouched until the new one is whole.
 
-Manifest ``extras``: ``seed``, ``target_model``/``drafter_model``, and per role ``stages``
+Manifest ``extras``: ``seed``, ``target_model``/``drafter_model`` (what the weights are:
+``resolve.weights_spec.weights_record``, name, size, architecture, file name and sha256, never a
+path; None for a preset's own weights), and per role ``stages``
 (seconds and peak host RSS in MiB of load / export / verify) plus the backend's own facts (XNNPACK
 op coverage, ``.ort`` file).
 """
@@ -52,8 +54,10 @@ ROLES = ("drafter", "target")  # export order: the target last
 class ExportConfig:
     """What ``omnidraft-export`` asks for; every field maps to one CLI flag."""
 
-    target: str  # target preset name (`omnidraft presets`), e.g. tiny-llama3-8b, qwen2.5-0.5b
-    drafter: str = "tiny-llama-68m"  # drafter preset name
+    # target preset name (`omnidraft presets`), e.g. tiny-llama3-8b, qwen2.5-0.5b, or the spec
+    # of weights with no preset (``resolve.weights_spec``: ``ExportInputs.target.spec``)
+    target: str | ModelSpec
+    drafter: str | ModelSpec = "tiny-llama-68m"  # drafter preset name or spec
     backend: str = "xnnpack"  # xnnpack (.pte) | onnx (.onnx + .ort) | qnn (static-T QDQ .onnx)
     quantization: str = "fp32"  # per backend, see backends.RECIPES / recipe_names()
     drafter_quantization: str | None = None  # the drafter's recipe when not ``quantization``
@@ -68,7 +72,8 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         # the names are resolved here, once per command (KeyError listing valid presets)
-        specs = {"target": get_preset(self.target), "drafter": get_preset(self.drafter)}
+        specs = {role: s if isinstance(s, ModelSpec) else get_preset(s)
+                 for role, s in (("target", self.target), ("drafter", self.drafter))}  # fmt: skip
         object.__setattr__(self, "specs", specs)
         for role in ROLES:
             get_recipe(self.backend, self.recipe_name(role))  # KeyError listing valid names
@@ -177,8 +182,12 @@ def export_bundle(
         verify = None
     elif verify is None:
         verify = _default_verify(cfg, prompts)
+    from omnidraft_deploy.resolve.weights_spec import weights_record
+
     extras: dict[str, Any] = {
-        "seed": cfg.seed, "target_model": cfg.target_model, "drafter_model": cfg.drafter_model,
+        "seed": cfg.seed,
+        **{f"{role}_model": None if w is None else weights_record(w)
+           for role, w in (("target", cfg.target_model), ("drafter", cfg.drafter_model))},
         "max_seq_len": cfg.max_seq_len, "verified": verify is not None,
         "runtime_versions": _runtime_versions(),  # the app needs a runtime >= these
     }  # fmt: skip

@@ -38,7 +38,7 @@ from omnidraft_deploy.vocab.pair import PairVocab
 def resolve_inputs(cfg: ExportConfig) -> ExportInputs:
     """``cfg``'s inputs, checked as the CLI checks its flags (``InputError`` naming the flag)."""
     return resolve_export(
-        target=cfg.target, drafter=cfg.drafter, model=cfg.target_model,
+        target=cfg.specs["target"], drafter=cfg.specs["drafter"], model=cfg.target_model,
         drafter_model=cfg.drafter_model, out_dir=Path(cfg.out_dir), force=True,
         quantization=cfg.quantization,
     )  # fmt: skip

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omnidraft_deploy.runtime.bundle import open_bundle
 
-from omnidraft_deploy.catalog.presets import get_preset
+from omnidraft_deploy.catalog.presets import PRESETS, get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -52,6 +52,12 @@ def adapt_bundle(
     bundle = open_bundle(bundle_dir, provider=provider)
     info = bundle.manifest.graphs["drafter"]
     seed = bundle.manifest.extras.get("seed")
+    if info.preset not in PRESETS:
+        raise ValueError(
+            f"{bundle_dir}: the drafter {info.preset!r} was exported from its own weights, which "
+            "the bundle does not carry; adapt starts from a drafter preset's weights (export "
+            "with --drafter PRESET)"
+        )
     drafter = load_model(
         get_preset(info.preset),
         seed=(seed if type(seed) is int else 0) + 1,  # export seeds the drafter with seed + 1

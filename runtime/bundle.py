@@ -211,6 +211,7 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
         raise BundleError(root / vocab_map, str(e).removeprefix(f"{root / vocab_map}: ")) from None
     if mapper.content_hash() != manifest.mapping_hash:
         raise BundleError(root / vocab_map, "content hash differs from manifest mapping_hash")
+    check_map_tokenizers(root, manifest, mapper)
     # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
     # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
     # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
@@ -235,6 +236,34 @@ def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache
     except NGramFormatError as e:
         raise BundleError(root / ngram_cache, e.problem) from None
     return mapper, cache
+
+
+def check_map_tokenizers(root: Path, manifest: Manifest, mapper: VocabMapper) -> None:
+    """The map against the bundle's tokenizers: one entry per tokenizer id on each side
+    (``vocab_size_of``: bundles whose tokenizer states its size, every export since issue 28), and
+    every target id spelled by at least one drafter id, except a target BOS the drafter has no
+    counterpart of (``mapper``: spelled by nothing). Bytes the drafter cannot spell are counted
+    in the map (placeholders), never left out."""
+    from omnidraft_deploy.vocab.bundle_tokenizer import vocab_size_of
+    from omnidraft_deploy.vocab.roles import Role
+
+    target = parts(manifest)
+    path = root / target.vocab_map
+    for role, n_map, folder in (("target", mapper.target_vocab_size, target.tokenizer),
+                                ("drafter", mapper.draft_vocab_size, "drafter_tokenizer")):  # fmt: skip
+        n_tok = vocab_size_of(root, role, manifest.files, folder=folder)
+        if n_tok is not None and n_tok != n_map:
+            raise BundleError(path, f"its {role} side has {n_map} ids but the bundle's {role} "
+                              f"tokenizer ({folder}/) has {n_tok}: the map was built for "
+                              "another tokenizer; export the bundle again")  # fmt: skip
+    offsets = mapper.target_to_draft_offsets
+    empty = set((offsets[1:] == offsets[:-1]).nonzero().flatten().tolist())
+    empty -= {t for r, d, t in mapper.roles if r is Role.BOS and d < 0}
+    if empty:
+        shown = sorted(empty)[:5]
+        raise BundleError(path, f"{len(empty)} of {mapper.target_vocab_size} target ids (e.g. "
+                          f"{shown}) have no drafter spelling and are not counted as "
+                          "unspellable: the drafter could never propose them")  # fmt: skip
 
 
 def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> NGramCache:

@@ -24,6 +24,7 @@ from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     Observer,
     SpeculativeDecoder,
+    check_prompt,
     generate_target_only,
 )
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
@@ -89,8 +90,10 @@ def run_bundle(
     ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
     (``omnidraft_deploy.bundle.state``) the n-gram cache grown by earlier sessions is loaded from
     it and the grown one saved back atomically. ``observer`` sees every verification step
-    (``cli.streaming.TextStreamer`` prints text as it comes).
+    (``cli.streaming.TextStreamer`` prints text as it comes). A prompt the target cannot hold
+    (longer than its ``max_seq_len``) is refused first, before any graph runs (profiling included).
     """
+    check_prompt(prompt_ids, bundle.mapper.target_vocab_size, bundle.target.max_seq_len)
     if state is not None:
         bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
     dec = bundle_decoder(bundle, max_new_tokens, config, decoding_profile(bundle, state))

@@ -25,7 +25,8 @@ Schema (version 1)::
      "files": {"<relative path>": {"sha256": "<hex>", "size": <int>, "role": "<role>"}},
      "extras": {...free-form, informational only, e.g. export timings and peak RSS...}}
 
-    GraphInfo = {"file": "drafter.pte", "preset": "tiny-llama-68m", "family": "llama",
+    GraphInfo = {"file": "drafter.pte", "preset": "tiny-llama-68m" | "<model's own name>",
+                 "family": "llama",
                  "tokenizer": "llama2", "vocab_size": 32000, "max_seq_len": 512,
                  "seq_len": null (dynamic) | <int> (static), "n_layers": 2, "n_kv_heads": 4,
                  "head_dim": 16, "quantization": "fp32|8da4w|int8w|qdq-u8|int8|int4",
@@ -48,10 +49,11 @@ Schema 2: one drafter, 2 to ``MAX_TARGETS`` targets (issue 30; ``bundle.targets`
 Single-target bundles keep writing schema 1, without "targets" (readers of schema 1 open them).
 
 Validation (``validate()`` of each section, run on construction and so before anything is
-allocated): exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
+allocated): ``schema_version`` and ``created_by`` present (never defaulted), exact JSON types (a bool is not an int), ranges, no NaN / infinity, no duplicate JSON
 keys, at most ``MAX_MANIFEST_BYTES`` and ``MAX_JSON_DEPTH`` levels; ``file`` is ``<role>.pte`` for
 xnnpack and ``<role>.onnx`` otherwise; ``preset`` is a known preset whose family and tokenizer
-match; ``quantization`` is a recipe of the backend; qnn graphs are static (``seq_len`` ==
+match, or (weights exported with no preset) the model's own name, a plain identifier with a known
+family and tokenizer; ``quantization`` is a recipe of the backend; qnn graphs are static (``seq_len`` ==
 ``draft_len + 1``), others dynamic; the KV cache a graph implies stays under ``MAX_KV_BYTES``.
 Every failure is a ``BundleError`` naming the file and the field.
 """
@@ -81,6 +83,7 @@ MAX_JSON_DEPTH = 16
 MAX_FILES = 4096
 MAX_FILE_BYTES = 1 << 40
 MAX_KV_BYTES = 64 << 30  # fp32 K + V of one graph at max_seq_len
+REQUIRED = ("schema_version", "created_by")  # never defaulted when read
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _REL_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
 
@@ -311,14 +314,7 @@ class Manifest:
                 f"field {where}.file: {g.file!r} is not listed as {role}_graph in files"
             )
         _str(f"{where}.quantization", g.quantization, recipe_names(self.backend))
-        from omnidraft_deploy.catalog.presets import get_preset
-
-        try:
-            spec = get_preset(g.preset)
-        except KeyError:
-            raise ValueError(f"field {where}.preset: unknown preset {g.preset!r}") from None
-        _str(f"{where}.family", g.family, [spec.family.value])
-        _str(f"{where}.tokenizer", g.tokenizer, [spec.tokenizer])
+        _check_model(where, g)
         static = self.backend == "qnn"
         if static and g.seq_len != self.draft_len + 1:
             raise ValueError(f"field {where}.seq_len: {g.seq_len}, qnn graphs take draft_len + 1")
@@ -355,6 +351,10 @@ class Manifest:
             raise BundleError(
                 source, f"not an omnidraft bundle manifest (format != {FORMAT_NAME!r})"
             )
+        missing = [k for k in REQUIRED if k not in raw]
+        if missing:  # no silent defaults: a writer that leaves them out is not ours
+            raise BundleError(source, f"field {missing[0]}: missing (a manifest states its "
+                              f"{' and '.join(REQUIRED)})")  # fmt: skip
         try:
             graphs = {
                 k: _section(GraphInfo, f"graphs.{k}", v)
@@ -377,6 +377,23 @@ class Manifest:
             return cls(graphs=graphs, files=files, targets=targets, **raw)
         except (TypeError, ValueError) as e:
             raise BundleError(source, str(e)) from None
+
+
+def _check_model(where: str, g: GraphInfo) -> None:
+    """``preset`` is a preset whose family and tokenizer ``g`` repeats, or (weights exported with
+    no preset) the model's own name: a plain identifier with a known family and tokenizer."""
+    from omnidraft_deploy.catalog.presets import PRESETS, Family
+    from omnidraft_deploy.vocab.tokenizers import TOKENIZERS
+
+    spec = PRESETS.get(g.preset)
+    if spec is None and not _REL_PART.fullmatch(g.preset):
+        raise ValueError(f"field {where}.preset: {g.preset!r:.80} is neither a preset nor a "
+                         "model's own name (letters, digits, '.', '_', '-')")  # fmt: skip
+    families = [f.value for f in Family] if spec is None else [spec.family.value]
+    _str(f"{where}.family", g.family, families)
+    _str(
+        f"{where}.tokenizer", g.tokenizer, sorted(TOKENIZERS) if spec is None else [spec.tokenizer]
+    )
 
 
 def _obj(where: str, value: object) -> dict[str, Any]:

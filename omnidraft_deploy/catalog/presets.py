@@ -11,7 +11,11 @@ weights come from (``resolve.load.load_model`` is the one loader that reads it):
 - ``gguf``: a pinned GGUF asset, dequantised once, a safetensors copy cached;
 - ``pretrain``: ``trained-*`` models trained by ``distill.pretrain`` on the offline corpus
   (``pretrain`` holds the schedule), cached keyed by config + data hash: the pairs whose
-  acceptance is meaningful without any download (the default demo pair).
+  acceptance is meaningful without any download (the default demo pair);
+- ``weights``: not a registered preset: the spec ``resolve.weights_spec`` reads from the user's
+  own weights (``omnidraft-export --model X`` without ``--target``), named by their metadata.
+
+Presets are shortcuts that name pinned weights; no export needs one.
 
 Lookup is loud: an unknown name raises ``KeyError`` listing every valid name.
 """
@@ -39,6 +43,7 @@ class Source(StrEnum):
     GGUF = "gguf"  # pinned GGUF asset (gguf_asset), dequantised, safetensors copy cached
     PRETRAIN = "pretrain"  # trained by distill.pretrain on the offline corpus, cached
     EARLY_EXIT = "early_exit"  # first n_layers of a parent, distilled by distill.offline, cached
+    WEIGHTS = "weights"  # the user's own files (--model), named by their metadata: no preset
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,8 @@ class ModelSpec:
         """Where the weights come from, in words (``omnidraft presets``)."""
         where = {Source.RANDOM: f"random twin of {self.tiny_of}", Source.HF: self.hf_id,
                  Source.GGUF: f"GGUF {self.gguf_asset}", Source.PRETRAIN: "distill.pretrain",
-                 Source.EARLY_EXIT: f"distill.offline of {self.early_exit and self.early_exit.parent}"}  # fmt: skip
+                 Source.EARLY_EXIT: f"distill.offline of {self.early_exit and self.early_exit.parent}",
+                 Source.WEIGHTS: "the files passed with --model / --drafter-model"}  # fmt: skip
         return f"{self.source.value}: {where[self.source]}"
 
     def n_params(self) -> int:

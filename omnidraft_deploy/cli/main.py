@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from omnidraft_deploy.catalog.backends import get_backend
-from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET
+from omnidraft_deploy.catalog.presets import DEFAULT_TARGET
 from omnidraft_deploy.cli.console import library_stdout, run_verb
 from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
 from omnidraft_deploy.cli.parser import (
@@ -33,30 +33,33 @@ from omnidraft_deploy.cli.parser import (
 def _cmd_export(args: argparse.Namespace) -> int:
     if args.target is not None and "," in args.target:
         return _cmd_export_multi(args)
-    from omnidraft_deploy.resolve.export_inputs import (
-        resolve_export,  # checks first: no torch import before
-    )
+    from omnidraft_deploy.resolve.context import choose_max_seq_len
+    from omnidraft_deploy.resolve.export_inputs import resolve_export  # no torch import before
 
-    target, drafter = args.target or DEFAULT_TARGET, args.drafter or DEFAULT_DRAFTER
     quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
                                ).partition(",")  # fmt: skip
-    out = Path(args.out or f"bundles/{target}-{args.backend}")
+    from omnidraft_deploy.resolve.weights_spec import own_name
+
+    name = own_name(args.model) if args.target is None and args.model else args.target
+    out = Path(args.out or f"bundles/{name or DEFAULT_TARGET}-{args.backend}")
     inputs = resolve_export(
-        target=target, drafter=drafter, model=args.model, drafter_model=args.drafter_model,
-        out_dir=out, force=args.force, quantization=quant,
-        default_target=args.target is None, default_drafter=args.drafter is None,
+        target=args.target, drafter=args.drafter, model=args.model,
+        drafter_model=args.drafter_model, out_dir=out, force=args.force, quantization=quant,
     )  # fmt: skip
-    for note in inputs.notes:
+    max_seq_len, context_note = choose_max_seq_len(inputs, args.max_seq_len)
+    for note in (*inputs.notes, context_note):
         print(f"note: {note}", file=sys.stderr)
     from omnidraft_deploy.exporters.bundle import ExportConfig
     from omnidraft_deploy.exporters.export import export_pair
     from omnidraft_deploy.runtime.bundle import check_bundle
 
+    t, d = inputs.target, inputs.drafter
     cfg = ExportConfig(
-        target=target, drafter=drafter, backend=args.backend, quantization=quant, out_dir=out,
-        drafter_quantization=drafter_quant or None,
-        max_seq_len=args.max_seq_len, draft_len=args.draft_len, target_model=args.model,
-        drafter_model=args.drafter_model, verify=not args.no_verify,
+        target=t.spec, drafter=d.spec, backend=args.backend, quantization=quant, out_dir=out,
+        drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
+        draft_len=args.draft_len, verify=not args.no_verify,
+        target_model=t.weights if args.model else None,
+        drafter_model=d.weights if args.drafter_model else None,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
         path = export_pair(cfg, inputs, opener=check_bundle)  # never publish what open refuses
@@ -64,7 +67,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     size = sum(f["size"] for f in manifest["files"].values()) / 1e6
     parity = manifest["graphs"]["target"].get("parity", {})
     checked = f", target max |logit diff| {parity['max_abs_logit_diff']:.2g}" if parity else ""
-    chat = " --chat" if inputs.target.chat_template else ""
+    chat = " --chat" if t.chat_template else ""
     recipes = f"{quant},{drafter_quant}" if drafter_quant else quant
     print(f"exported {path} ({args.backend}/{recipes}, {size:.1f} MB{checked})\nnext:\n"
           f"  omnidraft validate {path}\n  omnidraft run {path}{chat} --prompt 'def fib(n):'")  # fmt: skip
@@ -73,17 +76,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_export_multi(args: argparse.Namespace) -> int:
     """``--target A,B,C``: one bundle of one drafter and several targets (``exporters.multi``)."""
+    from omnidraft_deploy.resolve.context import choose_max_seq_len
     from omnidraft_deploy.resolve.export_inputs import resolve_export
 
     targets = tuple(t.strip() for t in args.target.split(","))
-    drafter, quant = args.drafter or DEFAULT_DRAFTER, args.quantization
-    quant, _, drafter_quant = (quant or get_backend(args.backend).default_quantization
+    quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
                                ).partition(",")  # fmt: skip
     out = Path(args.out or f"bundles/{'+'.join(targets)}-{args.backend}")
-    inputs = [resolve_export(target=t, drafter=drafter, model=args.model,
+    inputs = [resolve_export(target=t, drafter=args.drafter, model=args.model,
                              drafter_model=args.drafter_model, out_dir=out, force=args.force,
-                             quantization=quant, default_drafter=args.drafter is None)
+                             quantization=quant)
               for t in targets]  # fmt: skip
+    drafter = inputs[0].drafter.spec.name
+    max_seq_len = min(choose_max_seq_len(i, args.max_seq_len)[0] for i in inputs)
     for note in dict.fromkeys(n for i in inputs for n in i.notes):
         print(f"note: {note}", file=sys.stderr)
     from omnidraft_deploy.exporters.bundle import ExportConfig
@@ -92,7 +97,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
 
     base = ExportConfig(
         target=targets[0], drafter=drafter, backend=args.backend, quantization=quant,
-        out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=args.max_seq_len,
+        out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
         draft_len=args.draft_len, target_model=args.model, drafter_model=args.drafter_model,
         verify=not args.no_verify,
     )  # fmt: skip

@@ -24,13 +24,15 @@ DESCRIPTION = (
 )
 EXPORT_EXAMPLES = """examples:
   omnidraft-export                        # offline tiny twins: random weights, real tokenizers
+  omnidraft-export --model Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf --drafter smollm2-135m \\
+      --backend onnx --quantization w8a8,int8   # your own weights: a .gguf or an HF folder
   omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization int8
   omnidraft-export --target qwen2.5-0.5b --drafter smollm2-135m --backend onnx --quantization w8a8,int8
-  omnidraft-export --target llama3-8b --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
+  omnidraft-export --model ~/models/Meta-Llama-3-8B-Instruct --backend xnnpack
   omnidraft-export --target tiny-llama3-8b,tiny-qwen2-7b,tiny-vicuna-7b --backend onnx  # one drafter
-Architecture, tokenizer and special tokens come from the weights (--model, --drafter-model); a
-preset supplies the rest and must speak the same vocabulary, or the export is refused before any
-work. recipes (--quantization): """
+Architecture, size, context, tokenizer, special tokens and chat template come from the weights
+(--model, --drafter-model); a preset is a shortcut naming pinned weights, and with weights it must
+speak the same vocabulary, or the export is refused before any work. recipes (--quantization): """
 EXPORT_DESCRIPTION = ("Export a verified drafter + target bundle (graphs, tokenizers, vocabulary "
                       "map, n-gram cache, manifest).")  # fmt: skip
 PROVIDER_HELP = "where the graphs run (default: qnn bundles on the QNN HTP, others the CPU)"
@@ -64,20 +66,21 @@ def utf8_text(text: str) -> str:
 
 def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
     """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
-    p.add_argument(
-        "--target",
-        help=f"target preset, see `omnidraft presets` (default: {DEFAULT_TARGET}); "
-        "A,B,C: one bundle of one drafter and these targets (onnx)",
-    )
-    p.add_argument("--drafter", help=f"drafter preset (default: {DEFAULT_DRAFTER})")
+    p.add_argument("--target", help="target preset, see `omnidraft presets` (default: the "
+                   f"--model weights as they are, else {DEFAULT_TARGET}); A,B,C: one bundle of "
+                   "one drafter and these targets (onnx)")  # fmt: skip
+    p.add_argument("--drafter", help="drafter preset (default: the --drafter-model weights as "
+                   f"they are, else {DEFAULT_DRAFTER})")  # fmt: skip
     p.add_argument("--backend", default="xnnpack", choices=backend_names(), help="graph format")
     p.add_argument("--quantization", help="recipe, or TARGET,DRAFTER recipes (e.g. w8a8,int8); "
                    "default: the backend's first (see below)")  # fmt: skip
-    p.add_argument("--out", help="bundle folder (default: bundles/<target>-<backend>)")
-    p.add_argument("--force", action="store_true", help="replace the bundle already at --out")
+    p.add_argument("--out", help="bundle folder (default: bundles/<target or model>-<backend>)")
+    p.add_argument("--force", action="store_true",
+                   help="replace the bundle at --out (refused if it holds unlisted files)")  # fmt: skip
     p.add_argument("--model", help="target weights: Hugging Face folder or .gguf file")
     p.add_argument("--drafter-model", help="drafter weights: Hugging Face folder or .gguf file")
-    p.add_argument("--max-seq-len", type=int, default=512, help="KV-cache slots of both graphs")
+    p.add_argument("--max-seq-len", type=int, help="KV-cache slots of both graphs (default: the "
+                   "models' own context, capped by a KV budget; the export prints it)")  # fmt: skip
     p.add_argument("--draft-len", type=int, default=4, help="drafter proposals per step")
     p.add_argument("--no-verify", action="store_true", help="skip reload + parity with eager")
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,

@@ -3,9 +3,9 @@
 ``resolve_export`` turns the flags into ``ExportInputs`` or raises ``InputError`` naming the flag
 to change, in one plain paragraph. In order (each check costs at most a header read, < 5 s):
 
-1. presets (``--target`` / ``--drafter``) and the output folder (``check_out_dir``: a non-empty
-   folder that is not one of our bundles is refused, nothing in it is touched; replacing a bundle
-   needs ``--force``);
+1. presets (``--target`` / ``--drafter``) and the output folder (``out_dir.check_out_dir``: a
+   non-empty folder that is not one of our bundles, or a bundle holding files its manifest does
+   not list, is refused and nothing in it is touched; replacing a bundle needs ``--force``);
 2. weights (``--model`` / ``--drafter-model``, else the preset's pinned GGUF or a local copy of
    its hub id; random ``tiny-*`` twins need none): missing files fail here, not after an export;
 3. vocabularies: the weights' own architecture, graph rows and tokenizer
@@ -13,12 +13,17 @@ to change, in one plain paragraph. In order (each check costs at most a header r
    naming both sides; graph rows must equal the tokenizer's ids up to documented padding;
 4. resources: free disk under ``--out`` and host memory against an estimate.
 
+Weights with no preset (``--model X`` without ``--target``, ``--drafter-model X`` without
+``--drafter``) are their own spec (``weights_spec``): architecture, size, context, tokenizer,
+special tokens and chat template all come from the files; their tokenizer must equal a registered
+one (``vocab.from_weights.registered_tokenizer``), which calibration and verification read.
+
 The tokenizer used for export is the weights' own when they carry one; the preset's otherwise.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import re
 import shutil
 from dataclasses import dataclass
@@ -26,21 +31,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omnidraft_deploy.catalog.backends import bytes_per_param
-from omnidraft_deploy.catalog.presets import ModelSpec, Source, get_preset, list_presets
+from omnidraft_deploy.catalog.presets import (
+    DEFAULT_DRAFTER,
+    DEFAULT_TARGET,
+    ModelSpec,
+    Role,
+    Source,
+    get_preset,
+    list_presets,
+)
+from omnidraft_deploy.resolve.out_dir import InputError, check_out_dir
 
 if TYPE_CHECKING:  # protocols imports torch; the checks here must not
     from omnidraft_deploy.protocols import TokenizerLike
 
 _FLAGS = {"target": ("--target", "--model"), "drafter": ("--drafter", "--drafter-model")}
 EXPORT_PEAK_FACTOR = 2.3  # peak host RSS / fp32 weights, measured (README, Qwen2.5-0.5B ONNX)
-
-
-class InputError(ValueError):
-    """A flag's value cannot be used; ``str()`` is one paragraph naming the flag."""
-
-    def __init__(self, flag: str, message: str) -> None:
-        super().__init__(f"{flag}: {message}")
-        self.flag = flag
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class RoleInputs:
     graph_rows: int  # embedding rows of the graph
     n_params: int  # estimate, for the resource check
     chat_template: str | None = None
+    context: int = 0  # positions the model was made for (its weights' metadata, else the preset)
 
 
 @dataclass(frozen=True)
@@ -61,39 +68,6 @@ class ExportInputs:
     out_dir: Path
     replaces_bundle: bool  # --force replaces the bundle already at out_dir
     notes: tuple[str, ...] = ()  # one-line warnings worth showing the user
-
-
-def check_out_dir(out: Path, *, force: bool) -> bool:
-    """Refuse a non-empty ``out`` that is not our bundle, or a bundle without ``force``.
-
-    Returns True when ``out`` holds a bundle that the export will replace. Never modifies ``out``.
-    """
-    from omnidraft_deploy.bundle.manifest import FORMAT_NAME, MANIFEST_NAME
-
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise InputError("--out", f"{out} exists and is not a folder; choose a new folder.")
-    if not out.exists() or not any(out.iterdir()):
-        return False
-    try:  # ours: a manifest of our format (even a damaged or newer bundle of ours)
-        manifest = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
-        ours = isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
-    except (OSError, ValueError):
-        ours = False
-    if not ours:
-        names = sorted(p.name for p in out.iterdir())
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        raise InputError(
-            "--out",
-            f"{out} is not empty ({len(names)} entries: {shown}) and is not an omnidraft bundle; "
-            "nothing in it was touched. Choose a new or empty folder for --out.",
-        )
-    if not force:
-        raise InputError(
-            "--out",
-            f"{out} already holds a {manifest.get('backend')} bundle; pass --force to replace it "
-            "(the old one stays in place until the new one is complete), or choose another --out.",
-        )
-    return True
 
 
 def _hub_snapshot(hub_id: str) -> Path | None:
@@ -109,8 +83,9 @@ def _hub_snapshot(hub_id: str) -> Path | None:
     return Path(path) if (Path(path) / "config.json").is_file() else None
 
 
-def resolve_weights(spec: ModelSpec, value: str | None, role: str) -> str | None:
-    """Path of the weights for ``role``; ``InputError`` naming the flag when there are none."""
+def resolve_weights(spec: ModelSpec | None, value: str | None, role: str) -> str | None:
+    """Path of the weights for ``role`` (``value``, else ``spec``'s); ``InputError`` naming the
+    flag when there are none."""
     preset_flag, flag = _FLAGS[role]
     if value is not None:
         path = Path(value).expanduser()
@@ -126,7 +101,7 @@ def resolve_weights(spec: ModelSpec, value: str | None, role: str) -> str | None
             f"{role}'s weights as a Hugging Face folder (config.json + *.safetensors) or a .gguf "
             "file.",
         )
-    if spec.source in (Source.RANDOM, Source.PRETRAIN):
+    if spec is None or spec.source in (Source.RANDOM, Source.PRETRAIN):
         return None
     if spec.gguf_asset:
         from omnidraft_deploy.catalog import assets
@@ -178,22 +153,35 @@ def _refuse_tokenizer(
     )
 
 
+def _preset(role: str, name: str) -> ModelSpec:
+    try:
+        return get_preset(name)
+    except KeyError as e:
+        raise InputError(_FLAGS[role][0], str(e.args[0])) from None
+
+
+def _check_rows(role: str, flag: str, rows: int, tok: TokenizerLike, gguf_rows: int | None) -> None:
+    from omnidraft_deploy.vocab.from_weights import padding_allowed
+
+    if not padding_allowed(rows, tok.vocab_size, gguf_pad=gguf_rows == rows):
+        raise InputError(
+            flag,
+            f"the {role} graph has {rows} vocabulary rows but its tokenizer ({tok.name}) defines "
+            f"{tok.vocab_size} ids, and no documented padding rule explains the difference "
+            "(vocab.from_weights). Pass weights and a preset of the same vocabulary.",
+        )
+
+
 def resolve_role(
     role: str, preset: str, weights_flag: str | None, *, default_preset: bool = False
 ) -> RoleInputs:
     """Preset + weights + tokenizer of one role, all checked against each other."""
-    from omnidraft_deploy.vocab.from_weights import (
-        first_difference,
-        padding_allowed,
-        read_weights_vocab,
-    )
+    from omnidraft_deploy.resolve.weights_spec import context_length, n_params
+    from omnidraft_deploy.vocab.from_weights import first_difference, read_weights_vocab
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     preset_flag, flag = _FLAGS[role]
-    try:
-        spec = get_preset(preset)
-    except KeyError as e:
-        raise InputError(preset_flag, str(e.args[0])) from None
+    spec = _preset(role, preset)
     weights = resolve_weights(spec, weights_flag, role)
     ours: TokenizerLike = load_tokenizer(spec.tokenizer)
     if weights is None:
@@ -214,36 +202,48 @@ def resolve_role(
                 f"{weights_flag or weights} is a {wv.model_type} model, but {preset_flag} "
                 f"{spec.name}{' (the default)' if default_preset else ''} is {spec.family.value}. "
                 f"Pass {preset_flag} with a preset of this model "
-                f"({_matching_presets(wv.family or wv.model_type, wv.graph_rows)}).",
+                f"({_matching_presets(wv.family or wv.model_type, wv.graph_rows)}), or leave "
+                f"{preset_flag} out to export the weights as they are.",
             )
-    if not padding_allowed(rows, tok.vocab_size, gguf_pad=gguf_rows == rows):
-        raise InputError(
-            flag if weights else preset_flag,
-            f"the {role} graph has {rows} vocabulary rows but its tokenizer ({tok.name}) defines "
-            f"{tok.vocab_size} ids, and no documented padding rule explains the difference "
-            "(vocab.from_weights). Pass weights and a preset of the same vocabulary.",
-        )
-    n_params = _n_params(weights) if weights else spec.n_params()
-    return RoleInputs(role, spec, weights, tok, rows, n_params, template)
+    _check_rows(role, flag if weights else preset_flag, rows, tok, gguf_rows)
+    context = spec.max_seq_len
+    if weights is not None:
+        with contextlib.suppress(ValueError, KeyError):  # an odd config.json: the preset's
+            context = context_length(weights)
+    n = n_params(weights) if weights else spec.n_params()
+    return RoleInputs(role, spec, weights, tok, rows, n, template, context)
 
 
-def _n_params(weights: str) -> int:
-    """Parameter count from the weights' headers (GGUF tensor infos / safetensors headers)."""
-    import math
-    import struct
+def resolve_own(role: str, weights_flag: str) -> RoleInputs:
+    """Weights with no preset: their own spec (``weights_spec``), tokenizer and chat template."""
+    from omnidraft_deploy.resolve.weights_spec import n_params, read_weights_spec
+    from omnidraft_deploy.vocab.from_weights import read_weights_vocab, registered_tokenizer
+    from omnidraft_deploy.vocab.tokenizers import IDS
 
-    path = Path(weights)
-    if path.suffix == ".gguf":
-        from omnidraft_deploy.vocab.gguf_meta import read_gguf_header
-
-        return sum(math.prod(d) for d in read_gguf_header(path).tensors.values())
-    total = 0
-    for f in sorted(path.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(min(n, 1 << 26)))
-        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return total
+    preset_flag, flag = _FLAGS[role]
+    weights = resolve_weights(None, weights_flag, role)
+    assert weights is not None  # a value was given
+    try:
+        wv = read_weights_vocab(weights)
+        if wv.tokenizer is None:
+            raise ValueError(
+                f"carries no tokenizer (no tokenizer.json / tokenizer.model, no GGUF token table); "
+                f"name its vocabulary with {preset_flag} PRESET"
+            )
+        name = None if Path(weights_flag).expanduser().exists() else weights_flag.split("/")[-1]
+        registered = registered_tokenizer(wv.tokenizer)
+        if registered is None:
+            raise ValueError(
+                f"its {wv.model_type} tokenizer ({wv.tokenizer.vocab_size} ids) is none of the "
+                f"registered tokenizers ({', '.join(f'{k} {v}' for k, v in IDS.items())}), "
+                "which export calibration reads; add it to omnidraft_deploy/vocab/tokenizers.py"
+            )
+        spec = read_weights_spec(weights, Role(role), tokenizer=registered, name=name)
+    except ValueError as e:
+        raise InputError(flag, f"{weights_flag}: {str(e).removeprefix(weights + ': ')}") from None
+    _check_rows(role, flag, wv.graph_rows, wv.tokenizer, wv.listed_ids)
+    return RoleInputs(role, spec, weights, wv.tokenizer, wv.graph_rows, n_params(weights),
+                      wv.chat_template, spec.max_seq_len)  # fmt: skip
 
 
 def _mem_bytes(key: str) -> int | None:
@@ -281,14 +281,29 @@ def check_resources(out: Path, n_params: int, quantization: str) -> tuple[str, .
     return ()
 
 
+def role_inputs(role: str, preset: str | ModelSpec | None, weights: str | None) -> RoleInputs:
+    """One role's inputs: weights alone are their own spec (``resolve_own``); a preset (by name,
+    or a spec of ``ExportConfig``) is checked against its weights; neither: the default preset."""
+    if isinstance(preset, ModelSpec):
+        if preset.source is Source.WEIGHTS and weights is not None:
+            return resolve_own(role, weights)
+        preset = preset.name
+    if preset is None and weights is not None:
+        return resolve_own(role, weights)
+    default = DEFAULT_TARGET if role == "target" else DEFAULT_DRAFTER
+    return resolve_role(role, preset or default, weights, default_preset=preset is None)
+
+
 def resolve_export(
-    *, target: str, drafter: str, model: str | None, drafter_model: str | None, out_dir: Path,
-    force: bool, quantization: str, default_target: bool = False, default_drafter: bool = False,
+    *, target: str | ModelSpec | None, drafter: str | ModelSpec | None, model: str | None,
+    drafter_model: str | None, out_dir: Path, force: bool, quantization: str,
 ) -> ExportInputs:  # fmt: skip
-    """All of ``omnidraft-export``'s inputs, checked (module docstring); raises ``InputError``."""
+    """All of ``omnidraft-export``'s inputs, checked (module docstring); raises ``InputError``.
+    ``target`` / ``drafter`` None: the weights' own spec when weights are given, else the
+    default preset."""
     replaces = check_out_dir(out_dir, force=force)
-    t = resolve_role("target", target, model, default_preset=default_target)
-    d = resolve_role("drafter", drafter, drafter_model, default_preset=default_drafter)
+    t = role_inputs("target", target, model)
+    d = role_inputs("drafter", drafter, drafter_model)
     notes = check_resources(out_dir, t.n_params + d.n_params, quantization)
     if t.weights is not None and d.spec.source is Source.RANDOM and d.weights is None:
         notes += (f"the drafter {d.spec.name} has random weights: expect no accepted drafts "

@@ -35,6 +35,8 @@ def load_model(
         model = load_weights(weights, max_seq_len=max_seq_len)[0]
         _check_arch(spec, model, weights)
         return model
+    if spec.source is Source.WEIGHTS:
+        raise ValueError(f"{spec.name} was read from weights the caller did not pass: pass weights")
     if spec.source is Source.RANDOM:
         from omnidraft_deploy.reference.model import build_model
 

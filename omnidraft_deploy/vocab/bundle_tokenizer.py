@@ -4,7 +4,9 @@
 ``tokenizer.model`` for SentencePiece, plus ``tokenizer-no-dummy-prefix.model`` for Hugging Face's
 ``legacy=false`` whitespace handling), ``special_tokens.json`` (``{"name", "bos_id",
 "eos_ids"}``) and, when the model has one, ``chat_template.jinja`` (its own chat template, as
-ONNX Runtime GenAI ships it). Every file is listed in the manifest with role
+ONNX Runtime GenAI ships it). ``special_tokens.json`` also states the tokenizer's id count
+(``"vocab_size"``, bundles since issue 28), which the opener checks the vocabulary map against
+without building the tokenizer (``vocab_size_of``); loading the tokenizer checks the statement. Every file is listed in the manifest with role
 ``<role>_tokenizer`` and read through ``bundle.files.read_listed`` (size and sha256 checked), so a
 bundle copied to another machine decodes exactly as it did where it was exported, with no
 tokenizer registry or asset cache involved.
@@ -13,6 +15,7 @@ tokenizer registry or asset cache involved.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +32,59 @@ MAX_TOKENIZER_BYTES = 64 << 20
 def tokenizer_files(tok: Any) -> dict[str, bytes]:
     """File name -> bytes for ``<role>_tokenizer/`` (module docstring)."""
     files: dict[str, bytes] = dict(tok.files())
-    special = {"name": tok.name, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids)}
+    special = {"name": tok.name, "bos_id": tok.bos_id, "eos_ids": list(tok.eos_ids),
+               "vocab_size": tok.vocab_size}  # fmt: skip
     files[SPECIAL] = (json.dumps(special, indent=1) + "\n").encode()
     template = getattr(tok, "chat_template", None)
     if template:
         files[TEMPLATE] = template.encode("utf-8")
     return files
+
+
+def _reader(
+    root: Path, folder: str, role: str, files: dict[str, FileEntry]
+) -> Callable[[str], bytes | None]:
+    """``read(name)``: the listed file ``<folder>/<name>`` (checked), None if unlisted."""
+    from omnidraft_deploy.bundle.files import read_listed
+
+    def read(name: str) -> bytes | None:
+        rel = f"{folder}/{name}"
+        if rel not in files:
+            return None
+        return read_listed(
+            root, rel, files, role=f"{role}_tokenizer", max_bytes=MAX_TOKENIZER_BYTES
+        )
+
+    return read
+
+
+def _special(root: Path, folder: str, raw: bytes | None) -> dict[str, Any]:
+    from omnidraft_deploy.bundle.manifest import BundleError
+
+    path = root / folder / SPECIAL
+    try:
+        special = json.loads(raw) if raw else {}
+        if not isinstance(special, dict):
+            raise TypeError("not a JSON object")
+        special["eos_ids"] = tuple(int(i) for i in special.get("eos_ids", ()))
+        size = special.get("vocab_size")
+        if size is not None and (type(size) is not int or size < 1):
+            raise ValueError(f"vocab_size {size!r} is not a positive integer")
+    except (ValueError, TypeError, AttributeError) as e:
+        raise BundleError(path, f"not a special-tokens file ({e})") from None
+    return special
+
+
+def vocab_size_of(
+    root: Path, role: str, files: dict[str, FileEntry], *, folder: str | None = None
+) -> int | None:
+    """Ids of the bundle's ``role`` tokenizer as its ``special_tokens.json`` states them (without
+    building the tokenizer; ``load_bundle_tokenizer`` checks the statement); None for a bundle
+    older than the field or without that tokenizer. ``folder`` as ``load_bundle_tokenizer``'s."""
+    folder = folder or f"{role}_tokenizer"
+    raw = _reader(root, folder, role, files)(SPECIAL)
+    size = _special(root, folder, raw).get("vocab_size")
+    return None if size is None else int(size)
 
 
 def load_bundle_tokenizer(
@@ -43,26 +93,14 @@ def load_bundle_tokenizer(
     """The ``role`` tokenizer of the bundle at ``root`` (``files``: the manifest's listing);
     ``folder``: where its files are (default ``<role>_tokenizer``; a target of a multi-target
     bundle: ``bundle.targets.parts(manifest).tokenizer``)."""
-    from omnidraft_deploy.bundle.files import read_listed
     from omnidraft_deploy.bundle.manifest import BundleError
     from omnidraft_deploy.vocab import gguf_vocab as gv
     from omnidraft_deploy.vocab.tokenizers import BPETokenizer, SentencePieceTokenizer
 
-    folder, kind = folder or f"{role}_tokenizer", f"{role}_tokenizer"
-
-    def read(name: str) -> bytes | None:
-        rel = f"{folder}/{name}"
-        if rel not in files:
-            return None
-        return read_listed(root, rel, files, role=kind, max_bytes=MAX_TOKENIZER_BYTES)
-
-    raw = read(SPECIAL)
-    try:
-        special = json.loads(raw) if raw else {}
-        bos, eos = special.get("bos_id"), tuple(int(i) for i in special.get("eos_ids", ()))
-    except (ValueError, TypeError, AttributeError) as e:
-        raise BundleError(root / folder / SPECIAL, f"not a special-tokens file ({e})") from None
-    name = str(special.get("name", role))
+    folder = folder or f"{role}_tokenizer"
+    read = _reader(root, folder, role, files)
+    special = _special(root, folder, read(SPECIAL))
+    bos, eos, name = special.get("bos_id"), special["eos_ids"], str(special.get("name", role))
     tok: Any
     if (data := read(JSON)) is not None:
         inner = gv.require("tokenizers").Tokenizer.from_str(data.decode("utf-8"))
@@ -71,6 +109,10 @@ def load_bundle_tokenizer(
         tok = SentencePieceTokenizer(name, data, hf_prefix=read(SPM_RAW))
     else:
         raise BundleError(root / folder, f"no {JSON} or {SPM} listed in the manifest")
+    declared = special.get("vocab_size")
+    if declared is not None and declared != tok.vocab_size:
+        raise BundleError(root / folder / SPECIAL, f"vocab_size {declared}, but the tokenizer "
+                          f"file defines {tok.vocab_size} ids")  # fmt: skip
     template = read(TEMPLATE)
     tok.chat_template = template.decode("utf-8") if template else None
     return tok  # type: ignore[no-any-return]

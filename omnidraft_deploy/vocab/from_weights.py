@@ -207,6 +207,26 @@ def first_difference(a: TokenizerLike, b: TokenizerLike) -> tuple[int, bytes, by
     return None
 
 
+def registered_tokenizer(tok: TokenizerLike) -> str | None:
+    """The registered tokenizer (``vocab.tokenizers.TOKENIZERS``) whose ordinary tokens ``tok``
+    spells id for id (``first_difference``: one may extend the other by under 1 %), or None.
+    Only tokenizers of a similar size are built; one whose asset is not cached is skipped."""
+    from omnidraft_deploy.catalog.assets import AssetError
+    from omnidraft_deploy.vocab.tokenizers import IDS, load_tokenizer
+
+    n = tok.vocab_size
+    for name, ids in IDS.items():
+        if abs(ids - n) > 0.01 * max(ids, n):
+            continue
+        try:
+            ours = load_tokenizer(name)
+        except AssetError:
+            continue
+        if first_difference(tok, ours) is None:
+            return name
+    return None
+
+
 def _table(tok: TokenizerLike) -> list[bytes]:
     table = getattr(tok, "token_bytes_table", None)
     return list(table()) if callable(table) else [tok.token_bytes(i) for i in range(tok.vocab_size)]

@@ -69,6 +69,20 @@ def _bytes_to_unicode() -> dict[int, str]:
 UNICODE_TO_BYTE: dict[str, int] = {c: b for b, c in _bytes_to_unicode().items()}
 
 
+def check_text(text: str) -> None:
+    """``ValueError`` for text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``,
+    which Python strings can hold and UTF-8 cannot), instead of each library's own error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"text is not valid Unicode: lone surrogate {text[e.start]!r} at character "
+            f"{e.start}; pass text that encodes as UTF-8"
+        ) from None
+    except AttributeError:
+        raise TypeError(f"text must be a str, got {type(text).__name__}") from None
+
+
 class _SpecialTokens:
     """BOS / EOS / special ids, shared by both tokenizer kinds (set by their ``__init__``)."""
 
@@ -121,6 +135,7 @@ class SentencePieceTokenizer(_SpecialTokens):
         return int(self._sp.get_piece_size())
 
     def encode(self, text: str) -> list[int]:
+        check_text(text)
         if self._sp_raw is None:
             return list(self._sp.encode(text))
         if not text:
@@ -171,6 +186,7 @@ class BPETokenizer(_SpecialTokens):
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
+        check_text(text)
         if self._nfc:
             text = unicodedata.normalize("NFC", text)
         return list(self._tok.encode(text, add_special_tokens=False).ids)
@@ -310,6 +326,10 @@ TOKENIZERS: dict[str, Callable[[], SentencePieceTokenizer | BPETokenizer]] = {
     "gpt2": _gpt2,
     "smollm2": _smollm2,
 }
+# Tokenizer name -> its id count (the table above), so weights can be matched to a registered
+# tokenizer without building every one (``from_weights.registered_tokenizer``; a test checks it)
+IDS: dict[str, int] = {"llama2": 32000, "vicuna": 32000, "llama3": 128256, "qwen2": 151665,
+                       "mistral": 32000, "gpt2": 50257, "smollm2": 49152}  # fmt: skip
 # Tokenizer name -> the asset holding the golden vectors that check it.
 GOLDEN: dict[str, str] = {
     "llama2": "llama-spm",

@@ -156,7 +156,14 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
 def test_help_version_and_prog() -> None:
     r = _cli("omnidraft-export", "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: omnidraft-export")
-    for needle in ("(default: 512)", "tiny-llama3-8b", "8da4w-emb8", "int8w", "qdq-u8", "int4"):
+    for needle in (
+        "the models' own context",
+        "tiny-llama3-8b",
+        "8da4w-emb8",
+        "int8w",
+        "qdq-u8",
+        "int4",
+    ):
         assert needle in r.stdout, needle
     from omnidraft_deploy import __version__
 

@@ -60,21 +60,27 @@ def qwen_folder(tmp_path_factory: pytest.TempPathFactory, require_asset: Callabl
 
 
 def _resolve(tmp_path: Path, **kw: object) -> object:
-    args: dict[str, object] = dict(target="tiny-llama3-8b", drafter="tiny-llama-68m", model=None,
+    args: dict[str, object] = dict(target=None, drafter="tiny-llama-68m", model=None,
                                    drafter_model=None, out_dir=tmp_path / "out", force=False,
-                                   quantization="fp32", default_target=True)  # fmt: skip
+                                   quantization="fp32")  # fmt: skip
     return resolve_export(**(args | kw))  # type: ignore[arg-type]
 
 
-def test_qwen_weights_under_default_llama3_preset_refused(
-    tmp_path: Path, qwen_folder: Path
-) -> None:
+def test_qwen_weights_under_llama3_preset_refused(tmp_path: Path, qwen_folder: Path) -> None:
+    """Named with a preset of another vocabulary, weights are refused; without --target they
+    are their own spec (issue 28, tests/e2e/test_byom.py)."""
     with pytest.raises(InputError) as e:
-        _resolve(tmp_path, model=str(qwen_folder))
+        _resolve(tmp_path, target="tiny-llama3-8b", model=str(qwen_folder))
     msg = str(e.value)
     assert e.value.flag == "--model"
-    assert "qwen2" in msg and "tiny-llama3-8b (the default)" in msg
+    assert "qwen2" in msg and "--target tiny-llama3-8b" in msg
     assert not (tmp_path / "out").exists()  # nothing was written
+    own = _resolve(tmp_path, model=str(qwen_folder)).target  # type: ignore[attr-defined]
+    assert (own.spec.name, own.spec.tokenizer, own.spec.family.value) == (
+        "tiny-qwen2",
+        "qwen2",
+        "qwen2",
+    )
 
 
 def test_qwen_tokenizer_under_qwen_preset_accepted(tmp_path: Path, qwen_folder: Path) -> None:
@@ -120,7 +126,7 @@ def test_qwen2_gguf_vocabulary_refused_under_llama3(require_asset: Callable) -> 
 def test_missing_weights_fail_fast_naming_model(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     with pytest.raises(InputError) as e:
-        _resolve(tmp_path, target="llama3-8b", default_target=False)
+        _resolve(tmp_path, target="llama3-8b")
     assert e.value.flag == "--model" and "--target tiny-llama3-8b" in str(e.value)
     with pytest.raises(InputError) as e:
         _resolve(tmp_path, model=str(tmp_path / "nope.gguf"))
@@ -178,13 +184,13 @@ def test_out_new_or_empty_ok(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_qwen_gguf_refused_under_default_preset(
+def test_real_qwen_gguf_refused_under_llama3_preset(
     tmp_path: Path, require_asset: Callable
 ) -> None:
     """The issue's reproducer with the real Qwen2.5-Coder-0.5B GGUF: refused before export."""
     gguf = require_asset("qwen2.5-0.5b-gguf")
     with pytest.raises(InputError, match=r"carries its own qwen2 tokenizer .*\(qwen2.5-0.5b\)"):
-        _resolve(tmp_path, model=str(gguf))
+        _resolve(tmp_path, target="tiny-llama3-8b", model=str(gguf))
     assert not (tmp_path / "out").exists()
     r = resolve_role("target", "qwen2.5-0.5b", str(gguf))
     assert (r.graph_rows, r.tokenizer.vocab_size) == (151936, 151665)  # [PAD151665..] rows

@@ -38,7 +38,8 @@ def test_a_missing_handler_is_loud() -> None:
 
 def test_export_and_run_flags_parse_to_the_documented_defaults() -> None:
     args = build_export_parser(_cmd_export).parse_args([])
-    assert (args.backend, args.max_seq_len, args.draft_len, args.out) == ("xnnpack", 512, 4, None)
+    # --max-seq-len unset: the models' own context, capped by a KV budget (resolve.context)
+    assert (args.backend, args.max_seq_len, args.draft_len, args.out) == ("xnnpack", None, 4, None)
     args = build_parser(HANDLERS).parse_args(["run", "b", "--mode", "exact", "-v"])
     assert (args.mode, args.temperature, args.top_p, args.verbose) == ("exact", 0.7, None, True)
     with pytest.raises(SystemExit):

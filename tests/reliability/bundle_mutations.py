@@ -10,6 +10,7 @@ change a file *and* its manifest entry, so the opener may accept the result if i
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from mutations import reseal, small_mapper
 
 from omnidraft_deploy.bundle.files import file_entry
@@ -24,6 +26,7 @@ from omnidraft_deploy.bundle.manifest import FileEntry, GraphInfo, Manifest
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_bytes
 from omnidraft_deploy.vocab import io as odvm
+from omnidraft_deploy.vocab.mapper import VocabMapper
 
 GRAPH_VOCAB = 64
 
@@ -73,10 +76,21 @@ def relist(root: Path, doc: dict, rel: str) -> None:
     doc["files"][rel].update(sha256=e.sha256, size=e.size)
 
 
+def _spelled(m: VocabMapper) -> VocabMapper:
+    """``m`` with every target id spelled by at least one drafter id (the opener refuses a map
+    that leaves a target id unspelled: issue 28)."""
+    spell = [m.target_to_draft(t) or [0] for t in range(m.target_vocab_size)]
+    offsets = torch.tensor([0, *itertools.accumulate(len(s) for s in spell)])
+    flat = torch.tensor([i for s in spell for i in s], dtype=torch.long)
+    return VocabMapper(m.draft_to_target, offsets, flat, draft_eos=m.draft_eos,
+                       target_eos=m.target_eos, roles=m.roles,
+                       placeholder_counts=m.placeholder_counts)  # fmt: skip
+
+
 def make_seed(root: Path, seed: int = 0) -> Path:
     rng = random.Random(seed)
     while True:
-        mapper = small_mapper(rng)
+        mapper = _spelled(small_mapper(rng))
         if mapper.draft_vocab_size >= 2:
             break
     VOCABS["drafter"] = mapper.draft_vocab_size  # drafter ids index the map directly

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
-from omnidraft_deploy.runtime.profile import cpu_model
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common.report import meta_lines, run_meta, write_report
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
 from omnidraft_deploy.distill.data import TASKS, DataConfig, build_corpus, split
@@ -71,6 +67,7 @@ def evaluate(bundle: OpenBundle, drafter: Any, prompts: list[list[int]], cfg: De
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
+    load0 = os.getloadavg()
     torch.set_num_threads(a.threads)
     bundle = open_bundle(a.bundle, threads=a.threads)
     info = bundle.manifest.graphs["drafter"]
@@ -91,14 +88,10 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     adapt_s = time.perf_counter() - t0
     after = evaluate(bundle, drafter, eval_p, cfg, refs, a.draft_len)
     log.info("after: %s", after)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    meta = {"command": " ".join(["python", *sys.argv]), "revision": rev.stdout.strip(),
-            "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": a.threads,
-            "bundle": str(a.bundle), "target": bundle.manifest.graphs["target"].preset,
+    meta = {**run_meta(threads=a.threads, load_avg_start=load0), "bundle": str(a.bundle), "target": bundle.manifest.graphs["target"].preset,
             "drafter": info.preset, "adapt": dataclasses.asdict(acfg) | {"n_prompts": len(adapt_p)},
             "n_eval": len(eval_p), "max_new_tokens": a.max_new_tokens, "draft_len": a.draft_len,
-            "adapt_s": round(adapt_s, 1), "load_avg_end": os.getloadavg(),
-            "utc_end": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # fmt: skip
+            "adapt_s": round(adapt_s, 1)}  # fmt: skip
     return {"meta": meta, "before": before, "after": after,
             "adapt_trace": report.acceptance, "optimizer_steps": report.optimizer_steps,
             "rolled_back": report.rolled_back}  # fmt: skip
@@ -107,10 +100,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
 def write(res: dict[str, Any], name: str) -> None:
     m, out = res["meta"], Path("reports/adapt_bundle")
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / f"{name}.json", json.dumps(res, indent=1, default=str))
     rows = [f"# Online adaptation of {m['drafter']} to {m['target']} ({m['bundle']})\n",
-            f"`{m['command']}` (rev {m['revision']}, {m['cpu']}, {m['threads']} threads, ended "
-            f"{m['utc_end']} UTC at load {m['load_avg_end'][0]:.2f}). Adaptation: "
+            *meta_lines(m), "Adaptation: "
             f"{m['adapt']['n_prompts']} held-out prompts, {m['adapt']['steps_per_update']} "
             f"{m['adapt']['optimizer']} steps of {m['adapt']['batch_size']} (lr "
             f"{m['adapt']['lr']:g}, guard {m['adapt']['guard']}) after each, "
@@ -125,7 +116,7 @@ def write(res: dict[str, Any], name: str) -> None:
                     f"{r['identical']}/{r['prompts']} |")  # fmt: skip
     trace = ", ".join(f"{x:.2f}" for x in res["adapt_trace"])
     rows += ["", f"Acceptance per adaptation prompt (heuristic draft length): {trace}"]
-    write_text_atomic(out / f"{name}.md", "\n".join(rows) + "\n")
+    write_report(out / name, res, markdown=lambda _: "\n".join(rows) + "\n")
     print("\n".join(rows))
 
 

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omnidraft_deploy.runtime.profile import cpu_model
 
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common.report import meta_lines, run_meta, write_report
 from omnidraft_deploy.bundle.folder import read_manifest
 from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
 from omnidraft_deploy.host.onnx_host import Spin, cpu_session
@@ -70,15 +69,12 @@ def one_mode(root: Path, mode: str, *, threads: int, k: int, width: int, steps: 
     return {name: round(statistics.median(v), 2) for name, v in rows.items()}
 
 
-def _meta(a: argparse.Namespace) -> dict[str, Any]:
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return {"command": " ".join(["python", *sys.argv]), "revision": rev.stdout.strip(),
-            "cpu": cpu_model(), "cpus": os.cpu_count(), "threads": a.threads,
-            "bundle": str(a.bundle), "load_avg_start": os.getloadavg(),
-            "utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # fmt: skip
+def _meta(a: argparse.Namespace, load_avg_start: tuple[float, ...]) -> dict[str, Any]:
+    return {**run_meta(threads=a.threads, load_avg_start=load_avg_start), "bundle": str(a.bundle)}
 
 
 def cmd_calls(a: argparse.Namespace) -> None:
+    load0 = os.getloadavg()
     results: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(a.rounds):
         for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:  # rotated each round
@@ -89,12 +85,10 @@ def cmd_calls(a: argparse.Namespace) -> None:
             print(f"round {r + 1}/{a.rounds} {mode}: {results[mode][-1]}", file=sys.stderr)
     med = {m: {k: round(statistics.median(x[k] for x in rs), 2) for k in rs[0]}
            for m, rs in results.items()}  # fmt: skip
-    meta = {**_meta(a), "k": a.k, "width": a.width, "load_avg_end": os.getloadavg()}
-    lines = ["# Drafter and target calls taking turns, per ORT wait mode\n",
-             f"`{meta['command']}` (rev {meta['revision']}, {meta['cpu']}, {meta['cpus']} CPUs, "
-             f"{a.threads} threads, load {meta['load_avg_start'][0]:.2f} -> "
-             f"{meta['load_avg_end'][0]:.2f}, {meta['utc']} UTC). Medians over {a.rounds} "
-             f"processes per mode (each: medians of its calls), modes rotated round-robin.\n",
+    meta = {**_meta(a, load0), "k": a.k, "width": a.width}
+    lines = ["# Drafter and target calls taking turns, per ORT wait mode\n", *meta_lines(meta),
+             f"Medians over {a.rounds} processes per mode (each: medians of its calls), modes "
+             "rotated round-robin.\n",
              "| mode | drafter call (ms) | target T=1 after drafter | target T="
              f"{a.width} after drafter | target T=1 alone |", "|---|---|---|---|---|"]  # fmt: skip
     for m, row in med.items():
@@ -105,6 +99,7 @@ def cmd_calls(a: argparse.Namespace) -> None:
 
 def cmd_ops(a: argparse.Namespace) -> None:
     """Per-operator time of target calls of width 1 and ``width`` (ORT's profiler)."""
+    load0 = os.getloadavg()
     target = _graph(a.bundle, "target", a.threads, "in-call", profile=True)
     _call(target, 0, 32)
     widths, pos = [1, a.width] * a.reps, 32
@@ -127,11 +122,9 @@ def cmd_ops(a: argparse.Namespace) -> None:
             if run["ts"] <= e["ts"] <= run["ts"] + run["dur"]:
                 per[t][e["args"]["op_name"]] += e["dur"] / 1e3 / a.reps
     ops = sorted(per[a.width], key=lambda o: -per[a.width][o])[:8]
-    meta = {**_meta(a), "width": a.width, "reps": a.reps, "load_avg_end": os.getloadavg()}
-    lines = [f"# Where a target call's time goes, width 1 against {a.width}\n",
-             f"`{meta['command']}` (rev {meta['revision']}, {meta['cpu']}, {a.threads} threads, "
-             f"load {meta['load_avg_start'][0]:.2f} -> {meta['load_avg_end'][0]:.2f}). ORT "
-             f"profiler, mean per call over {a.reps} calls of each width.\n",
+    meta = {**_meta(a, load0), "width": a.width, "reps": a.reps}
+    lines = [f"# Where a target call's time goes, width 1 against {a.width}\n", *meta_lines(meta),
+             f"ORT profiler, mean per call over {a.reps} calls of each width.\n",
              f"| | T=1 (ms) | T={a.width} (ms) | ratio |", "|---|---|---|---|",
              f"| whole call (median) | {statistics.median(wall[1]):.1f} | "
              f"{statistics.median(wall[a.width]):.1f} | "
@@ -145,8 +138,7 @@ def cmd_ops(a: argparse.Namespace) -> None:
 
 def _write(name: str, data: dict, lines: list[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(OUT / f"{name}.json", json.dumps(data, indent=1, default=str))
-    write_text_atomic(OUT / f"{name}.md", "\n".join(lines) + "\n")
+    write_report(OUT / name, data, markdown=lambda _: "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -23,9 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.runtime.profile import cpu_model
-
-from omnidraft_deploy.bundle.atomic import write_text_atomic
+from benchmarks.common.report import meta_lines, run_meta, write_report
 
 PALINDROME = ("Write a Python function that checks whether a string is a palindrome, ignoring "
               "case and punctuation.")  # fmt: skip
@@ -65,17 +63,11 @@ def main(argv: list[str] | None = None) -> None:
             runs.append(one_run(a.bundle, Path(state), a.prompt, a.max_new_tokens))
             print(f"run {i + 1}/{a.runs}: {json.dumps({k: v for k, v in runs[-1].items() if k != 'text'})}",
                   file=sys.stderr)  # fmt: skip
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    meta = {"command": " ".join(["python", *sys.argv]), "revision": rev.stdout.strip(),
-            "cpu": cpu_model(), "cpus": os.cpu_count(), "bundle": str(a.bundle),
-            "prompt": a.prompt, "max_new_tokens": a.max_new_tokens, "load_avg_start": load0,
-            "load_avg_end": os.getloadavg(), "utc_end": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}  # fmt: skip
+    meta = {**run_meta(threads=None, load_avg_start=load0), "bundle": str(a.bundle),
+            "prompt": a.prompt, "max_new_tokens": a.max_new_tokens}  # fmt: skip
     out = Path("reports/run_stats")
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / f"{a.name}.json", json.dumps({"meta": meta, "runs": runs}, indent=1))
-    rows = [f"# `omnidraft run --stats` on {a.bundle}\n",
-            f"`{meta['command']}` (rev {meta['revision']}, {meta['cpu']}, load "
-            f"{load0[0]:.2f} -> {meta['load_avg_end'][0]:.2f}, ended {meta['utc_end']} UTC). "
+    rows = [f"# `omnidraft run --stats` on {a.bundle}\n", *meta_lines(meta),
             f"Prompt (chat template): {a.prompt!r}, {a.max_new_tokens} new tokens; one state "
             "folder, so run 1 measures the cost profile and hashes the files, later runs reuse "
             "both.\n",
@@ -87,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"{s.get('speedup_vs_target_only')}x | {s.get('acceptance_rate')} | "
                     f"{s.get('tokens_per_target_call')} | {s.get('overhead_s')} |")  # fmt: skip
     rows += ["", "Text of the last run:", "", "```", runs[-1]["text"].strip(), "```"]
-    write_text_atomic(out / f"{a.name}.md", "\n".join(rows) + "\n")
+    write_report(out / a.name, {"meta": meta, "runs": runs},
+                 markdown=lambda _: "\n".join(rows) + "\n")  # fmt: skip
     print("\n".join(rows))
 
 

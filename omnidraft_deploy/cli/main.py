@@ -87,7 +87,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
                              drafter_model=args.drafter_model, out_dir=out, force=args.force,
                              quantization=quant)
               for t in targets]  # fmt: skip
-    drafter = inputs[0].drafter.spec.name
+    drafter = inputs[0].drafter
     max_seq_len = min(choose_max_seq_len(i, args.max_seq_len)[0] for i in inputs)
     for note in dict.fromkeys(n for i in inputs for n in i.notes):
         print(f"note: {note}", file=sys.stderr)
@@ -96,9 +96,10 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
     from omnidraft_deploy.runtime.bundle import check_every_target
 
     base = ExportConfig(
-        target=targets[0], drafter=drafter, backend=args.backend, quantization=quant,
+        target=targets[0], drafter=drafter.spec, backend=args.backend, quantization=quant,
         out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
-        draft_len=args.draft_len, target_model=args.model, drafter_model=args.drafter_model,
+        draft_len=args.draft_len, target_model=args.model,
+        drafter_model=drafter.weights if args.drafter_model else None,
         verify=not args.no_verify,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):

@@ -22,7 +22,8 @@ import pytest
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.bundle.files import file_entry
-from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, Manifest
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog import assets
 from omnidraft_deploy.golden.write import TRACES, VECTOR_TOKENIZERS, VECTORS
 from omnidraft_deploy.ngram.cache import NGramCache

@@ -110,7 +110,7 @@ public final class BundleManifest {
 
     /** The targets one can choose, sorted: the listed names, or the one target's preset. */
     public List<String> targetNames() {
-        List<String> names = new ArrayList<>(targets.isEmpty() ? List.of(target.preset) : targets.keySet());
+        List<String> names = new ArrayList<>(targets.isEmpty() ? Collections.singletonList(target.preset) : targets.keySet());
         Collections.sort(names);
         return names;
     }
@@ -136,7 +136,7 @@ public final class BundleManifest {
         String picked = name != null ? name : names.get(0);
         Target t = targets.get(picked);
         BundleManifest view = new BundleManifest(schemaVersion, backend, draftLen, drafter, t.graph, files,
-                Map.of(picked, t));
+                Collections.singletonMap(picked, t));
         view.mappingHash = t.mappingHash;
         view.extras = extras;
         return view;

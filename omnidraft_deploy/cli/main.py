@@ -57,7 +57,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     cfg = ExportConfig(
         target=t.spec, drafter=d.spec, backend=args.backend, quantization=quant, out_dir=out,
         drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
-        draft_len=args.draft_len, verify=not args.no_verify,
+        draft_len=args.draft_len, verify=not args.no_verify, ort_mobile=not args.no_ort,
         target_model=t.weights if args.model else None,
         drafter_model=d.weights if args.drafter_model else None,
     )  # fmt: skip
@@ -100,7 +100,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
         out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
         draft_len=args.draft_len, target_model=args.model,
         drafter_model=drafter.weights if args.drafter_model else None,
-        verify=not args.no_verify,
+        verify=not args.no_verify, ort_mobile=not args.no_ort,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
         path = export_multi(MultiExportConfig(base, targets), inputs, opener=check_every_target)

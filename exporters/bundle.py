@@ -69,6 +69,9 @@ class ExportConfig:
     seed: int = 0  # random init of tiny presets (target seed, drafter seed + 1); recorded
     verify: bool = True  # reload each graph and check parity with eager PyTorch before renaming
     ort_mobile: bool = True  # onnx: also each graph's .ort (ORT mobile format); off: --no-ort
+    # expected.json (what validate checks): the eager target on this many of the shipped
+    # prompts, spread over the tasks (``catalog.prompts.spread``); None: all of them
+    reference_prompts: int | None = None
     specs: dict[str, ModelSpec] = field(init=False, repr=False, compare=False)  # role -> preset
 
     def __post_init__(self) -> None:
@@ -82,6 +85,8 @@ class ExportConfig:
             raise ValueError(f"max_seq_len {self.max_seq_len} outside [8, 131072]")
         if not 1 <= self.draft_len <= 32 or self.draft_len + 1 > self.max_seq_len:
             raise ValueError(f"draft_len {self.draft_len} outside [1, min(32, max_seq_len - 1)]")
+        if self.reference_prompts is not None and self.reference_prompts < 1:
+            raise ValueError(f"reference_prompts {self.reference_prompts}: at least 1")
         if not self.ort_mobile and get_backend(self.backend).backend is not Backend.ONNX:
             raise ValueError(f"--no-ort: the {self.backend} backend writes no .ort files")
 

@@ -57,7 +57,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     cfg = ExportConfig(
         target=t.spec, drafter=d.spec, backend=args.backend, quantization=quant, out_dir=out,
         drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
-        draft_len=args.draft_len, verify=not args.no_verify, ort_mobile=not args.no_ort,
+        draft_len=args.draft_len, verify=not args.no_verify,
         reference_prompts=args.reference_prompts, target_model=t.weights if args.model else None,
         drafter_model=d.weights if args.drafter_model else None,
     )  # fmt: skip
@@ -76,16 +76,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _left_out(args: argparse.Namespace) -> list[str]:
     """What an export leaves out on request, said before it starts (``make demo`` sizes its
-    export for a demo with these flags)."""
+    export for a demo with ``--reference-prompts``)."""
     from omnidraft_deploy.catalog.prompts import load_prompts
 
     notes, shipped = [], len(load_prompts())
     if args.reference_prompts is not None and args.reference_prompts < shipped:
         notes.append(f"expected.json records the eager target on {args.reference_prompts} of the "
                      f"{shipped} shipped prompts (--reference-prompts): validate checks those")  # fmt: skip
-    if args.no_ort:
-        notes.append("no .ort mobile copies (--no-ort): the desktop runtime reads the .onnx, the "
-                     "Android app needs the .ort")  # fmt: skip
     if args.no_verify:
         notes.append("the written graphs are not checked against eager PyTorch (--no-verify)")
     return notes
@@ -117,7 +114,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
         out_dir=out, drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
         draft_len=args.draft_len, target_model=args.model,
         drafter_model=drafter.weights if args.drafter_model else None,
-        verify=not args.no_verify, ort_mobile=not args.no_ort,
+        verify=not args.no_verify,
         reference_prompts=args.reference_prompts,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):

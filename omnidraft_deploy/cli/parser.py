@@ -86,9 +86,6 @@ def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
     p.add_argument("--reference-prompts", type=int, metavar="N", help="record the eager target's "
                    "output (expected.json, what validate checks) on N of the shipped prompts, "
                    "spread over the tasks (default: all 12)")  # fmt: skip
-    p.add_argument("--no-ort", action="store_true", help="onnx: skip the .ort (ORT mobile format) "
-                   "copy of each graph; the desktop runtime reads the .onnx, the Android app the "
-                   ".ort")  # fmt: skip
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help=VERBOSE_HELP)  # fmt: skip
     p.set_defaults(handler=handler)

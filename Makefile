@@ -30,11 +30,16 @@ assets: venv
 # prompts (a code edit, a summary) each run speculatively and target-only (`run --stats`: speedup,
 # acceptance, identical?). Everything it writes goes under $(BUNDLES)/ (git-ignored) and the user
 # state folder; the measured run is quoted in README.md.
+# Sized for a demo, and said so by the export: the eager target's reference output (expected.json,
+# what `validate` checks) is recorded on DEMO_REFERENCE_PROMPTS of the 12 shipped prompts, one per
+# task (--reference-prompts; a plain export records all 12). The export's parity check of both
+# graphs against eager PyTorch and validate's speculative == target-only are the full ones.
 DEMO_TARGET  ?= qwen2.5-0.5b
 DEMO_DRAFTER ?= smollm2-135m
 DEMO_QUANT   ?= int8
 DEMO_TOKENS  ?= 96
 DEMO_PROMPTS ?= omnidraft_deploy/data
+DEMO_REFERENCE_PROMPTS ?= 4
 DEMO         := $(BUNDLES)/demo
 EXPORT_FLAGS ?=
 VALIDATE_TOKENS ?= 16
@@ -45,7 +50,8 @@ models: venv
 demo: models
 	@mkdir -p $(BUNDLES) && date +%s > $(BUNDLES)/.demo-start
 	$(BIN)/omnidraft-export --target $(DEMO_TARGET) --drafter $(DEMO_DRAFTER) --backend onnx \
-	  --quantization $(DEMO_QUANT) --out $(DEMO) --force $(EXPORT_FLAGS)
+	  --quantization $(DEMO_QUANT) --out $(DEMO) --force \
+	  --reference-prompts $(DEMO_REFERENCE_PROMPTS) $(EXPORT_FLAGS)
 	$(BIN)/omnidraft validate $(DEMO) --max-new-tokens $(VALIDATE_TOKENS)
 	$(BIN)/omnidraft run $(DEMO) --chat --prompt-file $(DEMO_PROMPTS)/demo_code_edit.txt \
 	  --max-new-tokens $(DEMO_TOKENS) --stats

@@ -133,7 +133,7 @@ class OursSlots:
     def __init__(self, folder: Path, threads: int) -> None:
         from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-        from omnidraft_deploy.bundle.manifest import GraphInfo
+        from omnidraft_deploy.bundle.sections import GraphInfo
 
         info = GraphInfo(**json.loads((folder / "graph_info.json").read_text()))
         self.model = OrtModel(folder / info.file, info, threads=threads)

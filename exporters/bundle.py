@@ -38,7 +38,7 @@ from omnidraft_deploy.bundle.files import file_entry
 from omnidraft_deploy.bundle.folder import atomic_bundle_dir
 from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, Manifest
 from omnidraft_deploy.bundle.sections import GraphInfo
-from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.backends import Backend, get_backend, get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.resolve.load import load_model
@@ -69,6 +69,10 @@ class ExportConfig:
     drafter_model: str | None = None  # same for the drafter
     seed: int = 0  # random init of tiny presets (target seed, drafter seed + 1); recorded
     verify: bool = True  # reload each graph and check parity with eager PyTorch before renaming
+    ort_mobile: bool = True  # onnx: also each graph's .ort (ORT mobile format); off: --no-ort
+    # expected.json (what validate checks): the eager target on this many of the shipped
+    # prompts, spread over the tasks (``catalog.prompts.spread``); None: all of them
+    reference_prompts: int | None = None
     specs: dict[str, ModelSpec] = field(init=False, repr=False, compare=False)  # role -> preset
 
     def __post_init__(self) -> None:
@@ -82,6 +86,10 @@ class ExportConfig:
             raise ValueError(f"max_seq_len {self.max_seq_len} outside [8, 131072]")
         if not 1 <= self.draft_len <= 32 or self.draft_len + 1 > self.max_seq_len:
             raise ValueError(f"draft_len {self.draft_len} outside [1, min(32, max_seq_len - 1)]")
+        if self.reference_prompts is not None and self.reference_prompts < 1:
+            raise ValueError(f"reference_prompts {self.reference_prompts}: at least 1")
+        if not self.ort_mobile and get_backend(self.backend).backend is not Backend.ONNX:
+            raise ValueError(f"--no-ort: the {self.backend} backend writes no .ort files")
 
     def recipe_name(self, role: str) -> str:
         """The quantisation recipe of ``role``'s graph (e.g. a ``w8a8`` target that makes
@@ -118,11 +126,12 @@ def _export_role(
         model = load_model(
             spec, seed=cfg.seed + (role == "drafter"), max_seq_len=cfg.max_seq_len, weights=weights
         )
+    options = {} if cfg.ort_mobile else {"ort_mobile": False}  # the onnx recipe's (checked)
     with stage(stages, "export"):
         info, facts = get_exporter(cfg.backend)(
             model, spec, tmp, role=role,
             recipe=get_recipe(cfg.backend, cfg.recipe_name(role)), draft_len=cfg.draft_len,
-            eos_ids=eos_ids, bundle_hash=bundle_hash,
+            eos_ids=eos_ids, bundle_hash=bundle_hash, **options,
         )  # fmt: skip
     speed: dict[str, float] = {}
     if verify is not None:

@@ -61,7 +61,7 @@ def export_pair(
     def recorded(
         tmp: Path, graphs: dict[str, GraphInfo], target: Transformer
     ) -> dict[str, tuple[bytes, str]]:
-        doc = record_target(target, t_tok, tmp / graphs["target"].file)
+        doc = record_target(target, t_tok, tmp / graphs["target"].file, cfg.reference_prompts)
         return {expected.EXPECTED_FILE: (doc, expected.EXPECTED_ROLE)}
 
     return export_bundle(
@@ -113,9 +113,12 @@ def initial_ngram_cache(mapper: VocabMapper, target_tok: TokenizerLike) -> NGram
     return cache
 
 
-def record_target(model: Transformer, tok: TokenizerLike, graph: Path) -> bytes:
+def record_target(
+    model: Transformer, tok: TokenizerLike, graph: Path, n_prompts: int | None = None
+) -> bytes:
     """``expected.json`` from the eager fp32 target ``model`` as the written target ``graph``
-    computes it (``verify.reference_for``: after the sink token its metadata names, if any)."""
+    computes it (``verify.reference_for``: after the sink token its metadata names, if any), on
+    ``n_prompts`` of the shipped prompts (``ExportConfig.reference_prompts``; None: all)."""
     from omnidraft_deploy.exporters.verify import reference_for
 
     from omnidraft_deploy.reference.torch_lm import EagerLM
@@ -125,5 +128,6 @@ def record_target(model: Transformer, tok: TokenizerLike, graph: Path) -> bytes:
     def bar(items: Any) -> Any:
         return tqdm(items, desc="record target-only reference", unit="prompt", leave=False)
 
-    doc = expected.record_expected(target, tok, vocab_limit=tok.vocab_size, progress=bar)
+    doc = expected.record_expected(target, tok, vocab_limit=tok.vocab_size, progress=bar,
+                                   n_prompts=n_prompts)  # fmt: skip
     return expected.to_bytes(doc)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from omnidraft_deploy.runtime.base import RuntimeModel
 from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
 from omnidraft_deploy.bundle.folder import verify_bundle
 from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, MANIFEST_NAME, BundleError, Manifest
+from omnidraft_deploy.bundle.onnx_meta import OnnxMeta, read_onnx_meta
 from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.bundle.targets import parts, select, target_names
 from omnidraft_deploy.host.onnx_host import context_path
@@ -53,23 +55,23 @@ class OpenBundle:
     provider: str = "cpu"
 
 
-def _onnx_proto(path: Path) -> object:
-    import onnx
-
+def _onnx_meta(path: Path) -> OnnxMeta:
+    """The graph's metadata and external-data files, its weights not parsed (``onnx_meta``)."""
     fd = open_plain(path.parent, path.name)
     try:
-        with open(fd, "rb", closefd=True) as f:
-            return onnx.load_model_from_string(f.read())
-    except Exception as e:  # onnx raises DecodeError and others for foreign bytes
-        raise BundleError(path, f"not a readable ONNX model ({type(e).__name__})") from None
+        return read_onnx_meta(fd)
+    except (ValueError, OSError) as e:  # foreign bytes: the wire format breaks somewhere
+        raise BundleError(path, f"not a readable ONNX model ({e})") from None
+    finally:
+        os.close(fd)
 
 
 def check_onnx_metadata(
     path: Path, info: GraphInfo, files: dict[str, object] | None = None
 ) -> None:
     """Graph metadata == ``info``; external data only in files the manifest lists (``files``)."""
-    proto = _onnx_proto(path)
-    meta = {p.key: p.value for p in proto.metadata_props}  # type: ignore[attr-defined]
+    onnx_meta = _onnx_meta(path)
+    meta = onnx_meta.metadata
     if "omnidraft.graph_info" not in meta:
         raise BundleError(path, "ONNX model has no omnidraft.graph_info metadata (foreign graph)")
     version = meta.get("omnidraft.format_version")
@@ -89,18 +91,14 @@ def check_onnx_metadata(
                 path,
                 f"graph metadata {key}={stored.get(key)} but manifest says {getattr(info, key)}",
             )
-    if files is not None:
-        _check_external_data(path, proto, files)
-
-
-def _check_external_data(path: Path, proto: object, files: dict[str, object]) -> None:
-    for init in proto.graph.initializer:  # type: ignore[attr-defined]
-        for kv in init.external_data:
-            if kv.key == "location" and kv.value not in files:
-                raise BundleError(
-                    path, f"initializer {init.name!r} reads {kv.value!r}, a file the manifest "
-                    "does not list",
-                )  # fmt: skip
+    if files is None:
+        return
+    for name, location in onnx_meta.external.items():
+        if location not in files:
+            raise BundleError(
+                path, f"initializer {name!r} reads {location!r}, a file the manifest does not "
+                "list",
+            )  # fmt: skip
 
 
 def check_graph(root: Path, manifest: Manifest, role: str) -> None:

@@ -42,8 +42,10 @@ def export_onnx_graph(
     eos_ids: tuple[int, ...],
     bundle_hash: str = "",
     invariant: bool | None = None,
+    ort_mobile: bool = True,
 ) -> tuple[GraphInfo, dict[str, Any]]:
-    """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format).
+    """``<role>.onnx`` (T dynamic, explicit caches) plus ``<role>.ort`` (ORT mobile format;
+    ``ort_mobile`` False: not written, ``omnidraft-export --no-ort``).
 
     Graph kinds: the package docstring. ``invariant`` (None: the default rule, ``can_be_invariant``,
     for the target only) writes the target's attention in the batch-invariant form
@@ -77,8 +79,11 @@ def export_onnx_graph(
     extras: dict[str, Any] = {
         "weights_swappable": swappable, "fused": fused, "batch_invariant": invariant,
     }  # fmt: skip
-    if (why := ort_format_blocker(path)) is not None:  # e.g. fp32 0.5B+: quantise for mobile
-        log.warning("%s: skipping the .ort file: %s", path.name, why)
+    # the ORT format refuses some graphs (e.g. fp32 0.5B+ past 2 GiB: quantise for mobile)
+    why = ort_format_blocker(path) if ort_mobile else "not asked for (--no-ort)"
+    if why is not None:
+        log.log(logging.WARNING if ort_mobile else logging.INFO, "%s: no .ort file: %s",
+                path.name, why)  # fmt: skip
         return info, extras | {"ort_mobile_file": None, "ort_mobile_skipped": why}
     ort_file = convert_to_ort(path)
     return info, extras | {

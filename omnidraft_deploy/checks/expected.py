@@ -31,15 +31,17 @@ DEFAULT_TOKENS = 16  # validate's default
 
 def record_expected(
     target: CausalLM, tokenizer: TokenizerLike, *, max_new_tokens: int = DEFAULT_TOKENS,
-    vocab_limit: int | None = None, progress: Any = None,
+    vocab_limit: int | None = None, progress: Any = None, n_prompts: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Greedy target-only decoding of the shipped prompts (``progress``: wraps the prompt loop)."""
-    from omnidraft_deploy.catalog.prompts import load_prompts
+    """Greedy target-only decoding of the shipped prompts (``progress``: wraps the prompt loop;
+    ``n_prompts``: that many of them, spread over the tasks, ``catalog.prompts.spread``; None:
+    all)."""
+    from omnidraft_deploy.catalog.prompts import load_prompts, spread
     from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
 
     limit = vocab_limit or tokenizer.vocab_size
     cfg = DecodeConfig(max_new_tokens=max_new_tokens, eos_ids=tokenizer.eos_ids, vocab_limit=limit)
-    prompts: Iterable[Any] = load_prompts()
+    prompts: Iterable[Any] = spread(load_prompts(), n_prompts)
     rows = []
     for p in progress(prompts) if progress else prompts:
         ids = tokenizer.encode(p.text)[: max(1, target.max_seq_len - max_new_tokens)]  # fits

@@ -47,7 +47,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         drafter_model=args.drafter_model, out_dir=out, force=args.force, quantization=quant,
     )  # fmt: skip
     max_seq_len, context_note = choose_max_seq_len(inputs, args.max_seq_len)
-    for note in (*inputs.notes, context_note):
+    for note in (*inputs.notes, context_note, *_left_out(args)):
         print(f"note: {note}", file=sys.stderr)
     from omnidraft_deploy.exporters.bundle import ExportConfig
     from omnidraft_deploy.exporters.export import export_pair
@@ -58,7 +58,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         target=t.spec, drafter=d.spec, backend=args.backend, quantization=quant, out_dir=out,
         drafter_quantization=drafter_quant or None, max_seq_len=max_seq_len,
         draft_len=args.draft_len, verify=not args.no_verify,
-        target_model=t.weights if args.model else None,
+        reference_prompts=args.reference_prompts, target_model=t.weights if args.model else None,
         drafter_model=d.weights if args.drafter_model else None,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
@@ -72,6 +72,20 @@ def _cmd_export(args: argparse.Namespace) -> int:
     print(f"exported {path} ({args.backend}/{recipes}, {size:.1f} MB{checked})\nnext:\n"
           f"  omnidraft validate {path}\n  omnidraft run {path}{chat} --prompt 'def fib(n):'")  # fmt: skip
     return 0
+
+
+def _left_out(args: argparse.Namespace) -> list[str]:
+    """What an export leaves out on request, said before it starts (``make demo`` sizes its
+    export for a demo with ``--reference-prompts``)."""
+    from omnidraft_deploy.catalog.prompts import load_prompts
+
+    notes, shipped = [], len(load_prompts())
+    if args.reference_prompts is not None and args.reference_prompts < shipped:
+        notes.append(f"expected.json records the eager target on {args.reference_prompts} of the "
+                     f"{shipped} shipped prompts (--reference-prompts): validate checks those")  # fmt: skip
+    if args.no_verify:
+        notes.append("the written graphs are not checked against eager PyTorch (--no-verify)")
+    return notes
 
 
 def _cmd_export_multi(args: argparse.Namespace) -> int:
@@ -89,7 +103,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
               for t in targets]  # fmt: skip
     drafter = inputs[0].drafter
     max_seq_len = min(choose_max_seq_len(i, args.max_seq_len)[0] for i in inputs)
-    for note in dict.fromkeys(n for i in inputs for n in i.notes):
+    for note in (*dict.fromkeys(n for i in inputs for n in i.notes), *_left_out(args)):
         print(f"note: {note}", file=sys.stderr)
     from omnidraft_deploy.exporters.bundle import ExportConfig
     from omnidraft_deploy.exporters.multi import MultiExportConfig, export_multi
@@ -101,6 +115,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
         draft_len=args.draft_len, target_model=args.model,
         drafter_model=drafter.weights if args.drafter_model else None,
         verify=not args.no_verify,
+        reference_prompts=args.reference_prompts,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
         path = export_multi(MultiExportConfig(base, targets), inputs, opener=check_every_target)

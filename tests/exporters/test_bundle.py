@@ -60,6 +60,20 @@ def test_onnx_bundle_is_verified_and_complete(tmp_path: Path, tok_dir: Path) -> 
     assert manifest.extras["target"]["onnx"]["ort_mobile_file"] == "target.ort"
 
 
+def test_no_ort_writes_no_mobile_copy_and_says_so(tmp_path: Path) -> None:
+    """``omnidraft-export --no-ort`` (``make demo``): the .onnx graphs only, each graph's
+    extras naming why its .ort is missing."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "b"
+    export_bundle(_cfg(out, verify=False, ort_mobile=False), mapping_hash="ab" * 32)
+    manifest = verify_bundle(out)
+    assert not list(out.glob("*.ort")) and not any(f.endswith(".ort") for f in manifest.files)
+    for role in ("drafter", "target"):
+        onnx_facts = manifest.extras[role]["onnx"]
+        assert onnx_facts["ort_mobile_file"] is None
+        assert onnx_facts["ort_mobile_skipped"] == "not asked for (--no-ort)"
+
+
 def test_each_role_gets_its_own_recipe(tmp_path: Path) -> None:
     """``--quantization w8a8,int8``: a batch-invariant w8a8 target (cheap
     verification) beside an int8 drafter, each verified under its own recipe."""
@@ -151,6 +165,7 @@ def test_failed_verification_publishes_nothing(
         ({"drafter_quantization": "w3"}, "unknown quantization 'w3'"),
         ({"max_seq_len": 4}, "max_seq_len 4"),
         ({"draft_len": 0}, "draft_len 0"),
+        ({"backend": "xnnpack", "ort_mobile": False}, "--no-ort: the xnnpack backend"),
     ],
 )
 def test_config_validation(kw: dict[str, Any], match: str, tmp_path: Path) -> None:

@@ -107,3 +107,21 @@ def test_names_inputs_and_graph_info() -> None:
     info = graph_info(model, SPEC, file="target.onnx", quantization="fp32", seq_len=None)
     assert (info.vocab_size, info.max_seq_len, info.n_kv_heads, info.head_dim) == (300, 16, 2, 16)
     assert info.tokenizer == "llama3" and info.seq_len is None
+
+
+def test_eager_calls_attend_to_their_span_with_the_same_logits() -> None:
+    """An eager stateful call attends to the slots up to its last position in blocks of 64
+    (``Transformer._span``), a traced one to every slot; stale values in later slots (a rolled
+    back draft) get exact zero weight either way, so each step equals a cache-free causal pass."""
+    model = build_model(SPEC, seed=11, max_seq_len=256)
+    spans = [model._span(torch.tensor([p])) for p in (0, 63, 64, 200, 255)]
+    assert spans == [64, 64, 128, 256, 256]
+    ids = torch.randint(1, SPEC.vocab_size, (1, 80), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for i in range(4):  # garbage in every slot the steps below must not see
+            model.get_buffer(f"kv_cache_{i}").normal_(0, 50)
+        model(ids[:, :60], torch.arange(60))
+        for p in range(60, 80):  # crosses the block boundary at 64
+            step = model(ids[:, p : p + 1], torch.tensor([p]))[0, -1]
+            full = model.forward_train(ids[:, : p + 1])[0, -1]
+            torch.testing.assert_close(step, full, atol=1e-5, rtol=0)

@@ -22,23 +22,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from benchmarks.common.report import meta_lines, run_meta, write_report
+from benchmarks.pair_calls import _call
 
 OUT = Path("reports/probes_1p5b")
-
-
-def _call(graph: Any, pos: int, t: int) -> float:
-    ids = np.full((1, t), 500, np.int64)
-    t0 = time.perf_counter()
-    graph.run(ids, np.arange(pos, pos + t, dtype=np.int64))
-    return 1e3 * (time.perf_counter() - t0)
 
 
 def cmd_drafters(a: argparse.Namespace) -> dict[str, Any]:
@@ -124,10 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--threads", type=int, nargs="+", default=[2])
         q.add_argument("--rounds", type=int, default=25)
     a = p.parse_args(argv)
-    load0 = time.perf_counter(), __import__("os").getloadavg()
+    load_start = os.getloadavg()
     run = {"drafters": cmd_drafters, "llamacpp": cmd_llamacpp, "policies": cmd_policies}
     result = run[a.probe](a)
-    data = {"probe": a.probe, "meta": run_meta(threads=a.threads[0], load_avg_start=load0[1]),
+    data = {"probe": a.probe, "meta": run_meta(threads=a.threads[0], load_avg_start=load_start),
             "result": result}  # fmt: skip
     write_report(OUT / a.probe, data, markdown=_markdown)
     print(_markdown(data))

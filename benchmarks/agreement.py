@@ -32,6 +32,7 @@ from omnidraft_deploy.runtime.bundle import open_bundle
 from benchmarks.common.pair import prompt_texts
 from benchmarks.common.report import meta_lines, run_meta, write_report
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -40,14 +41,11 @@ OUT = Path("reports/agreement")
 
 
 def target_greedy(target: CausalLM, ids: list[int], n: int, vocab: int) -> list[int]:
-    """``n`` greedy target ids after ``ids`` (ids past ``vocab``, the padded rows, never win). A
-    call writes the cache from its position on, so no reset is needed between prompts."""
-    logits = target.forward(torch.tensor(ids), 0)[-1]
-    out: list[int] = []
-    for step in range(n):
-        out.append(int(np.argmax(logits[:vocab].numpy())))
-        logits = target.forward(torch.tensor(out[-1:]), len(ids) + step)[-1]
-    return out
+    """``n`` greedy target ids after ``ids`` (ids past ``vocab``, the padded rows, never win; no
+    stop at EOS). A call writes the cache from its position on, so no reset is needed between
+    prompts."""
+    cfg = DecodeConfig(max_new_tokens=n, eos_ids=(), vocab_limit=vocab)
+    return generate_target_only(target, ids, cfg)[0]
 
 
 def classify(draft_text: str, target_text: str, mapped: bool) -> str:
@@ -63,9 +61,7 @@ def classify(draft_text: str, target_text: str, mapped: bool) -> str:
 def drafter_classes(drafter: CausalLM, mapper: VocabMapper, dtok: TokenizerLike,
                     ttok: TokenizerLike, prompt: list[int], out: list[int]) -> list[str]:  # fmt: skip
     """The class of the drafter's greedy token at each position of ``out``, teacher-forced."""
-    ids = mapper.translate(prompt)
-    if mapper.drafter_bos is not None and (not ids or ids[0] != mapper.drafter_bos):
-        ids = [mapper.drafter_bos, *ids]
+    ids = mapper.drafter_context(prompt)
     vocab = mapper.draft_vocab_size
     logits, pos, classes = drafter.forward(torch.tensor(ids), 0)[-1], len(ids), []
     for i, t in enumerate(out):

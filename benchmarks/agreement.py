@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
+    load_start = os.getloadavg()
     b = open_bundle(a.bundle, threads=a.threads)
     files = b.manifest.files
     ttok = load_bundle_tokenizer(b.root, "target", files)
@@ -95,10 +97,10 @@ def main(argv: list[str] | None = None) -> None:
             out = target_greedy(b.target, prompt, a.max_new_tokens, b.mapper.target_vocab_size)
             for c in drafter_classes(b.drafter, b.mapper, dtok, ttok, prompt, out):
                 counts[task][c] += 1
-                counts["overall"][c] += 1
             print(task, dict(counts[task]), flush=True)
+    counts["overall"] = sum(counts.values(), collections.Counter())
     rows = {t: {c: n[c] / max(1, sum(n.values())) for c in CLASSES} for t, n in counts.items()}
-    payload: dict[str, Any] = {"meta": run_meta(threads=a.threads), "bundle": a.bundle,
+    payload: dict[str, Any] = {"meta": run_meta(threads=a.threads, load_avg_start=load_start), "bundle": a.bundle,
                                "counts": {t: dict(n) for t, n in counts.items()},
                                "shares": rows}  # fmt: skip
     write_report(OUT / "agreement", payload, markdown=_markdown)

@@ -208,7 +208,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     prompt = _prompt_text(args.prompt, args.prompt_file)
     state = _state(args.bundle, args.state, args.target)
     # The tokenizer's JSON is parsed while ONNX Runtime builds the sessions (which releases the
-    # GIL): 1.5-2.5 s less before the first token. Only its result waits on the bundle's checks.
+    # GIL). Only its result waits on the bundle's checks.
     with ThreadPoolExecutor(max_workers=1) as pool:
         tok_job = pool.submit(_target_tokenizer, Path(args.bundle), args.target)
         bundle = open_bundle(args.bundle, provider=args.provider, state=state, target=args.target,

@@ -10,7 +10,7 @@ A stream of held-out code prompts is decoded greedily. The first ``--n-adapt`` p
 speculatively (ORT target, eager drafter whose weights the learner updates) and feed
 ``OnlineDistiller`` (hybrid loss L_DM + lambda * L_Ngram, one update after every prompt). The
 adapted weights are then swapped into the drafter's ONNX graph by initializer name
-(``exporters.training_graph.bind_weights`` / ``swap_initializers``: no re-export), and the last
+(``bundle.weight_swap.bind_weights`` / ``swap_initializers``: no re-export), and the last
 ``--n-eval`` prompts are timed side by side, round-robin per prompt, three ways: target alone,
 speculative with the pre-trained drafter, speculative with the adapted drafter. Greedy outputs of
 all three must be identical (checked, reported).
@@ -86,12 +86,9 @@ def _swap_drafter(
     """The drafter graph at ``path`` with ``drafter``'s weights swapped in (written to ``out``),
     and the swap's cost and its max |logit diff| against the eager drafter on ``probe``."""
     import onnx
-    from omnidraft_deploy.exporters.training_graph import (
-        bind_weights,
-        param_aliases,
-        swap_initializers,
-    )
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
+
+    from omnidraft_deploy.bundle.weight_swap import bind_weights, param_aliases, swap_initializers
 
     t0 = time.perf_counter()
     proto = onnx.load(str(path))

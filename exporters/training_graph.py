@@ -12,14 +12,10 @@ Two artifacts from one fixed-shape batch (``B = 1, T = seq_len, k = topk``; row 
     ATen ops, then ``torch.onnx.export(dynamo=True)``. Inputs ``lr, lam, <batch>, <param names>``,
     outputs ``loss, updated.<param names>``; runs on any ONNX Runtime (ORT training is deprecated).
 
-Weights back into the inference graph, without re-export (ONNX path): the drafter's inference ONNX
-is exported once with ``optimize=False`` so every parameter stays an initializer named after it
-(the exporter's optimiser otherwise folds weight transposes and deduplicates equal tensors under
-``val_*`` names). ``bind_weights`` maps parameter names to initializer names once;
-``swap_initializers`` writes the train step's ``updated.<name>`` outputs into those initializers
-(a protobuf edit, no tracing) and the caller opens a fresh ``InferenceSession`` from the result.
-Not used: ``SessionOptions.add_initializer`` overrides are silently ignored by ORT's session-time
-constant folding (seen with ORT 1.32: logits off by 0.6) unless ``ConstantFolding`` is disabled.
+Weights back into the inference graph, without re-export (ONNX path): the train step's
+``updated.<name>`` outputs are swapped into the drafter's inference graph by
+``omnidraft_deploy.bundle.weight_swap`` (``bind_weights``, ``swap_initializers``), the same swap
+that loads a multi-target bundle's per-target adapted drafter.
 """
 
 from __future__ import annotations
@@ -220,58 +216,3 @@ def run_onnx_step(
     outs = session.run(None, {i.name: feeds[i.name].numpy() for i in session.get_inputs()})
     names = [o.name.removeprefix("updated.") for o in session.get_outputs()[1:]]
     return float(outs[0]), {n: torch.from_numpy(v) for n, v in zip(names, outs[1:], strict=True)}
-
-
-def param_aliases(model: Any) -> dict[str, list[str]]:
-    """Parameter name -> every name it has in ``model`` (tied weights: the embedding is also
-    ``lm_head.weight``, and the exported graph keeps one initializer under one of the names)."""
-    by_id: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_id.setdefault(id(p), []).append(name)
-    return {names[0]: names for names in by_id.values()}
-
-
-def bind_weights(
-    onnx_model: Any, param_names: list[str], aliases: dict[str, list[str]] | None = None
-) -> dict[str, str]:
-    """Parameter name -> initializer name in an inference graph exported with ``optimize=False``.
-
-    ``aliases`` (``param_aliases(model)``): the other names of tied parameters, tried in turn.
-    """
-    inits = [i.name for i in onnx_model.graph.initializer]
-    binding: dict[str, str] = {}
-    for name in param_names:
-        hits: list[str] = []
-        for alias in (aliases or {}).get(name, [name]):
-            hits = [i for i in inits if i == alias or i.endswith("." + alias)]
-            if hits:
-                break
-        if len(hits) != 1:
-            raise ValueError(
-                f"parameter {name!r} matches initializers {hits} in the inference "
-                "graph; export it with torch.onnx.export(..., optimize=False)"
-            )
-        binding[name] = hits[0]
-    return binding
-
-
-def swap_initializers(onnx_model: Any, binding: dict[str, str], params: dict[str, Tensor]) -> Any:
-    """Copy of ``onnx_model`` with each bound initializer replaced by ``params[name]`` (by name).
-
-    Shapes and dtypes must match. The result is serialised (``SerializeToString`` or
-    ``onnx.save`` with external data) and opened as a fresh session with full optimisations.
-    """
-    from onnx import numpy_helper  # noqa: PLC0415
-
-    model = type(onnx_model)()
-    model.CopyFrom(onnx_model)
-    by_name = {init.name: init for init in model.graph.initializer}
-    for name, init_name in binding.items():
-        old = by_name[init_name]
-        new = params[name].detach().float().contiguous().numpy()
-        if tuple(old.dims) != new.shape:
-            raise ValueError(
-                f"{name}: shape {new.shape} != initializer {init_name} {tuple(old.dims)}"
-            )
-        old.CopyFrom(numpy_helper.from_array(new, init_name))
-    return model

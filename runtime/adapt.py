@@ -6,6 +6,12 @@ weights change after every prompt; the loop is ``distill.adapt.adapt_stream``. T
 the stream grows is the bundle's session cache (``run`` starts from it next time). Swapping the
 adapted weights into the bundle's drafter graph is the exporters' job (``omnidraft adapt`` passes
 it as ``publish``): this module never writes a graph.
+
+A target of a multi-target bundle (``target``, with its state folder ``state``) is adapted the
+same way, on that target's traffic; its drafter starts from the weights it was last adapted to
+(``runtime.adapted``: kept in ``state``, published there by ``publish_target_weights``), else from
+the preset's, and the drafter graph must be swappable (``check_swappable``), which is checked
+before any training.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidraft_deploy.runtime.adapted import adapted_weights, check_swappable, resume
 from omnidraft_deploy.runtime.bundle import open_bundle
 
+from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
 from omnidraft_deploy.catalog.presets import PRESETS, get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
 from omnidraft_deploy.reference.model import Transformer
@@ -41,15 +49,21 @@ def adapt_bundle(
     max_new_tokens: int = 32,
     provider: str | None = None,
     publish: Callable[[Transformer], None] | None = None,
+    target: str | None = None,
+    state: Path | None = None,
 ) -> BundleAdaptation:
     """Stream ``prompts`` (target ids) ``rounds`` times through the bundle, learning after each.
 
     The drafter starts from its preset's weights (the bundle's ``extras`` are informational, never
-    loaded); ``publish`` receives the adapted drafter once, after the last prompt.
+    loaded), or, for ``target`` of a multi-target bundle, from its adapted weights in its state
+    folder ``state`` (module docstring); ``publish`` receives the adapted drafter once, after the
+    last prompt.
     """
     if rounds < 1 or not prompts:
         raise ValueError(f"need rounds >= 1 and at least one prompt, got {rounds}, {len(prompts)}")
-    bundle = open_bundle(bundle_dir, provider=provider)
+    bundle = open_bundle(bundle_dir, provider=provider, target=target)
+    if bundle.manifest.targets:
+        check_swappable(bundle.manifest, bundle.root)
     info = bundle.manifest.graphs["drafter"]
     seed = bundle.manifest.extras.get("seed")
     if info.preset not in PRESETS:
@@ -63,6 +77,9 @@ def adapt_bundle(
         seed=(seed if type(seed) is int else 0) + 1,  # export seeds the drafter with seed + 1
         max_seq_len=info.max_seq_len,
     )
+    weights = adapted_weights(bundle.root, bundle.manifest, state)
+    if weights is not None and state is not None:
+        resume(drafter, weights, state / ADAPTED_DRAFTER)
     distiller = make_distiller(drafter, bundle.mapper, cfg)
     decode = DecodeConfig(
         max_new_tokens=max_new_tokens,

@@ -10,7 +10,8 @@ cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state,
 bundle: its CRC-32 is its checksum, and a damaged one falls back to the bundle's cache with a
 warning (``load_session_cache``). A multi-target bundle is opened for one of its targets
 (``target=``; ``bundle.targets.select``): its graph, map, cache and reference, beside the shared
-drafter; ``check_every_target`` checks them all.
+drafter; ``check_every_target`` checks them all. That target's adapted drafter weights, kept in
+its state folder, replace the shared drafter's (``runtime.adapted``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidraft_deploy.runtime.adapted import adapted_drafter, adapted_weights
 from omnidraft_deploy.runtime.base import RuntimeModel
 
+from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
 from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
 from omnidraft_deploy.bundle.folder import verify_bundle
 from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, MANIFEST_NAME, BundleError, Manifest
@@ -53,6 +56,7 @@ class OpenBundle:
     mapper: VocabMapper
     ngram_cache: NGramCache
     provider: str = "cpu"
+    drafter_weights: Path | None = None  # the target's adapted drafter weights, when swapped in
 
 
 def _onnx_meta(path: Path) -> OnnxMeta:
@@ -318,16 +322,24 @@ def open_bundle(
     folder ``state``, files hashed by an earlier open and unchanged since are not hashed again
     (``bundle.hash_record``; ``trust_record=False`` hashes them all). ``threads``: ONNX Runtime
     intra-op threads of CPU sessions (None: the runtime's default). ``target``: which target of a
-    multi-target bundle (None: the only one; several: a ``BundleError`` listing them)."""
+    multi-target bundle (None: the only one; several: a ``BundleError`` listing them). For a
+    target of a multi-target bundle ``state`` is that target's folder (``targets.target_state``):
+    its adapted drafter weights there, when ``omnidraft adapt --target`` wrote some, are checked
+    and swapped into the shared drafter graph (``runtime.adapted``)."""
     root = Path(bundle_dir)
     manifest, mapper, cache = check_bundle(
         root, state=state, trust_record=trust_record, target=target
     )
     provider = provider or default_provider(manifest)
-    drafter, target = (
-        load_graph_file(
-            root, manifest, r, provider=provider, background_pages=True, threads=threads
-        )  # fmt: skip
-        for r in ("drafter", "target")
+    weights, adapted = adapted_weights(root, manifest, state), None
+    if weights is not None and state is not None:
+        drafter = adapted_drafter(root, manifest, weights, state, provider=provider,
+                                  threads=threads)  # fmt: skip
+        adapted = state / ADAPTED_DRAFTER
+    else:
+        drafter = load_graph_file(root, manifest, "drafter", provider=provider,
+                                  background_pages=True, threads=threads)  # fmt: skip
+    model = load_graph_file(
+        root, manifest, "target", provider=provider, background_pages=True, threads=threads
     )
-    return OpenBundle(root, manifest, drafter, target, mapper, cache, provider)
+    return OpenBundle(root, manifest, drafter, model, mapper, cache, provider, adapted)

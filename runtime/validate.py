@@ -107,6 +107,7 @@ def validate_bundle(
         "backend": bundle.manifest.backend,
         "provider": bundle.provider,
         "quantization": bundle.manifest.graphs["target"].quantization,
+        "drafter_weights": None if bundle.drafter_weights is None else str(bundle.drafter_weights),
         "prompts": len(rows),
         "eager_equal": sum(r["eager_eq_runtime"] for r in rows),
         "speculative_equal": sum(r["spec_eq_runtime"] for r in rows),

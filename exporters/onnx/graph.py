@@ -72,7 +72,7 @@ def export_onnx(
     the model's GGUF, whose grids a ``gguf_grid`` recipe keeps (``exporters.onnx.gguf_grid``).
 
     ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
-    after it (``training_graph.bind_weights``), and trained weights can be swapped in without
+    after it (``bundle.weight_swap.bind_weights``), and trained weights can be swapped in without
     re-export. ORT's session-time optimisations still fold the transposes, so speed is unchanged.
     """
     import onnx

@@ -141,13 +141,12 @@ def _state(bundle: str, override: str | None, target: str | None = None) -> Path
     return target_state(state_dir(bundle, override), view)
 
 
-def _bundle_prompts(bundle: str) -> list[tuple[str, list[int]]]:
-    from omnidraft_deploy.bundle.folder import read_manifest
+def _bundle_prompts(bundle: str, target: str | None = None) -> list[tuple[str, list[int]]]:
+    """The shipped prompt set in the target ids of the bundle's (selected) target."""
     from omnidraft_deploy.catalog.prompts import load_prompts
-    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
     # the tokenizer's bytes are hashed as read; adapt_bundle opens (and checks) the whole bundle
-    tok = load_bundle_tokenizer(Path(bundle), "target", read_manifest(bundle).files)
+    tok = _target_tokenizer(Path(bundle), target)
     return [(p.task, tok.encode(p.text)) for p in load_prompts()]
 
 
@@ -274,28 +273,43 @@ def _print_stats(stats: Any, base: Any, *, identical: bool | None) -> None:
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from omnidraft_deploy.bundle.folder import read_manifest
-    from omnidraft_deploy.bundle.manifest import BundleError
+    from omnidraft_deploy.bundle.targets import select
     from omnidraft_deploy.distill.adapt import AdaptConfig
     from omnidraft_deploy.exporters.publish import publish_drafter
     from omnidraft_deploy.runtime.adapt import adapt_bundle
+    from omnidraft_deploy.runtime.adapted import publish_target_weights
 
-    if read_manifest(args.bundle).targets:
-        raise BundleError(args.bundle, "a multi-target bundle: adapting its shared drafter on "
-                          "one target's traffic is not supported yet (issue 30)")  # fmt: skip
-    prompts = [ids for _, ids in _bundle_prompts(args.bundle)]
+    root = Path(args.bundle)
+    view = select(read_manifest(root), args.target, source=root / "manifest.json")
+    state = _state(args.bundle, args.state, args.target) if view.targets else None
+    shipped = [ids for _, ids in _bundle_prompts(args.bundle, args.target)]
+    capacity = view.graphs["target"].max_seq_len  # a prompt needs room for one new token
+    prompts = [ids for ids in shipped if len(ids) < capacity]
+    if len(prompts) < len(shipped):
+        print(f"adapt: {len(shipped) - len(prompts)} of {len(shipped)} shipped prompts skipped: "
+              f"not shorter than the target's capacity of {capacity} tokens", file=sys.stderr)  # fmt: skip
     base = AdaptConfig()
     cfg = AdaptConfig(
         lr=args.lr or base.lr, steps_per_update=args.steps_per_update or base.steps_per_update
     )
+    written: list[Path] = []
+
+    def publish(drafter: Any) -> None:  # multi-target: the target's state folder, not the bundle
+        if state is not None:
+            written.append(publish_target_weights(root, view, state, drafter))
+        else:
+            written.append(publish_drafter(root, drafter))
+
     result = adapt_bundle(
         args.bundle, prompts, cfg, rounds=args.rounds, max_new_tokens=args.max_new_tokens,
-        provider=args.provider, publish=lambda drafter: publish_drafter(args.bundle, drafter),
+        provider=args.provider, publish=publish, target=args.target, state=state,
     )  # fmt: skip
     trace, n = result.report.acceptance, len(prompts)
     first, last = sum(trace[:n]) / n, sum(trace[-n:]) / n
     print(f"{args.bundle}: {result.rounds} x {n} prompts, {result.report.optimizer_steps} "
-          f"optimiser steps in {result.report.seconds:.0f} s; acceptance first round "
-          f"{first:.3f} -> last round {last:.3f}")  # fmt: skip
+          f"optimiser steps ({result.report.rolled_back} rolled back by the guard) in "
+          f"{result.report.seconds:.0f} s; acceptance first round {first:.3f} -> last round "
+          f"{last:.3f}; adapted drafter written to {written[0]}")  # fmt: skip
     return 0
 
 

@@ -152,6 +152,12 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--lr", type=float, help="learning rate (default: AdaptConfig's, 1e-3)")
     p.add_argument("--steps-per-update", type=int, help="optimiser steps after each prompt (4)")
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument(
+        "--target",
+        help="multi-target bundle: adapt the drafter of this target on its "
+        "traffic; the weights go to its state folder, the bundle is not written",
+    )
+    p.add_argument("--state", help=STATE_HELP)
 
 
 def _verb(sub: Any, name: str, help: str, handlers: Mapping[str, Handler], common: Any) -> Any:

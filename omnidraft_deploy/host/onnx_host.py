@@ -27,9 +27,14 @@ class Spin(StrEnum):
 
 
 def cpu_session(
-    path: Path, *, threads: int | None = None, spinning: Spin | None = None, profile: bool = False
+    path: Path | bytes,
+    *,
+    threads: int | None = None,
+    spinning: Spin | None = None,
+    profile: bool = False,
 ) -> Any:
-    """ONNX Runtime session on the CPU execution provider, warnings off; ``threads``: intra-op
+    """ONNX Runtime session on the CPU execution provider, warnings off; ``path``: the graph file
+    or its serialised bytes (an edited graph: ``runtime.adapted``); ``threads``: intra-op
     threads (None: ORT's default, one per physical core). ``spinning`` None: ORT's threading
     defaults; a ``Spin``: one inter-op thread, sequential execution, and that wait.
 
@@ -51,7 +56,8 @@ def cpu_session(
             opts.add_session_config_entry(f"session.{pool}.allow_spinning", allow)
         stop = str(int(spinning is Spin.IN_CALL))
         opts.add_session_config_entry("session.force_spinning_stop", stop)
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    model = path if isinstance(path, bytes) else str(path)
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 class QnnUnsupportedError(RuntimeError):

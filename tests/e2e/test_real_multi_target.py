@@ -37,9 +37,18 @@ def test_two_real_targets_on_one_drafter_are_each_lossless(
     assert sorted(manifest.targets) == sorted(TARGETS) and set(manifest.graphs) == {"drafter"}
     maps = {t.vocab_map for t in manifest.targets.values()}
     assert len(maps) == 1  # one Qwen2 vocabulary: one map file for both targets
-    assert manifest.extras["sharing"]["saved_bytes"] > 0
+    sharing = manifest.extras["sharing"]
+    assert sharing["saved_bytes"] > 0
+    print(
+        f"\nsharing: separate {sharing['separate_bytes']:,} B, one bundle "
+        f"{sharing['bundle_bytes']:,} B, saved {sharing['saved_bytes']:,} B"
+    )
     for name in TARGETS:
         report = validate_bundle(bundle, max_new_tokens=16, target=name)
         assert report["target"] == name
         assert report["speculative_equal"] == report["prompts"] == len(load_prompts()), report
         assert report["passed"], report
+        print(
+            f"{name}: speculative == target-only {report['speculative_equal']}/"
+            f"{report['prompts']}, runtime == eager {report['eager_equal']}/{report['prompts']}"
+        )

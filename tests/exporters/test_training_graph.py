@@ -10,16 +10,15 @@ import torch
 from omnidraft_deploy.exporters.training_graph import (
     HybridTrainStep,
     TrainStepConfig,
-    bind_weights,
     example_batch,
     export_executorch_training,
     export_onnx_train_step,
     pte_state_dict,
     run_onnx_step,
     run_pte_step,
-    swap_initializers,
 )
 
+from omnidraft_deploy.bundle.weight_swap import bind_weights, param_aliases, swap_initializers
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model
 
@@ -122,7 +121,6 @@ def test_tied_drafter_weights_swap_into_its_graph(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.onnx.graph import export_onnx
-    from omnidraft_deploy.exporters.training_graph import param_aliases
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     spec = dataclasses.replace(

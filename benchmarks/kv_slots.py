@@ -1,32 +1,39 @@
 """What a static KV cache of 512 / 2,048 / 4,096 slots costs per decode step: our target graph
-and ONNX Runtime GenAI's, same weights, short and filled contexts (issue 28).
+and ONNX Runtime GenAI's, same weights, short contexts (issue 28).
 
-    .venv/bin/python -m benchmarks.kv_slots prepare                 # graphs + GenAI build (slow)
+    .venv/bin/python -m benchmarks.kv_slots prepare                 # graphs (+ GenAI build: slow)
     .venv/bin/python -m benchmarks.kv_slots time --threads 2        # the timed run (quiet machine)
 
 ``prepare`` (cached under ``.bench/kv_slots/``; GenAI's build under ``.bench/runtime_speed/``):
-per slot count S, the target graph of ``--model`` exported by the exporter a bundle uses
+the target graph of ``--model`` exported once per form by the exporter a bundle uses
 (``exporters.onnx.graph.export_onnx``, fused, ``--precision``) from the model loaded with
-``max_seq_len = S``, as ``omnidraft-export --max-seq-len S`` writes it: the batch-invariant
-attention (``exporters.onnx.invariant``) where the recipe allows, and the
-``GroupQueryAttention`` form (our drafters', and GenAI's layout) beside it. The graphs differ
-only in their rotary tables (S rows); the host allocates S cache slots (``graph_contract``).
-GenAI's model is built once: its cache is ``max_length`` slots, set per generator
-(``past_present_share_buffer``), so S is ``max_length`` there.
+``max_seq_len = max(--slots)``, as ``omnidraft-export --max-seq-len`` writes it: the
+batch-invariant attention (``exporters.onnx.invariant``) where the recipe allows, and the
+``GroupQueryAttention`` form (our drafters', and GenAI's layout) beside it.
 
-``time``: one worker process per (engine, S); per context C (``--contexts``; ``full`` = S -
-steps - 8) a C-token prompt is prefilled once (untimed, chunks of 256), then for ``--rounds``
-rounds, the engines alternating, ``--steps`` greedy 1-token decode steps from C are timed one
+One graph serves every S: S enters an exported graph only through its rotary tables (``max_seq_len``
+rows; row p depends on p alone, ``reference.rope``) and the cache inputs, whose slot axis is
+symbolic (``cache_len``); the weights do not depend on S (no calibration in ``int8``). A graph
+exported at 4,096 and fed caches of S slots computes what the graph exported at S computes, bit
+for bit (``tests/exporters/test_cache_slots.py``), so the host's S-slot cache (``graph_contract``)
+is what S changes, as it is for GenAI, whose cache is ``max_length`` slots per generator
+(``past_present_share_buffer``): one model, S = ``max_length``.
+
+``time``: one worker process per engine (one session / model each, so the 1.5B fits in memory),
+holding one cache of S slots per S. Per context C (``--contexts``; ``full`` = S - steps - 8) a
+C-token prompt is prefilled once per cache (untimed, chunks of 256), then for ``--rounds``
+rounds, every (engine, S) in turn, ``--steps`` greedy 1-token decode steps from C are timed one
 by one (median ms a step; the prompt's last token is fed again before each round's steps). Our
 engine is the runtime's ``OrtModel`` (IOBinding, huge pages, spin in call), GenAI's
 ``generate_next_token``. Intra-op threads explicit (``--threads``). Also recorded: each
-worker's peak RSS and its greedy tokens (ours must not change with S). Writes
+worker's peak RSS (all its caches) and its greedy tokens (must not change with S). Writes
 ``reports/kv_slots/kv_slots.{json,md,png}``. Figures are what this run shows; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -39,6 +46,7 @@ from typing import Any
 
 from benchmarks.common.peers import GenAI
 from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
+from omnidraft_deploy.bundle.atomic import write_text_atomic
 
 log = logging.getLogger("kv_slots")
 WORK = Path(".bench/kv_slots")
@@ -49,10 +57,9 @@ def graph_dir(model: str, precision: str, form: str, slots: int) -> Path:
     return WORK / f"{model}-{precision}-{form}-{slots}"
 
 
-def export_graph(model: str, precision: str, form: str, slots: int) -> dict[str, Any]:
-    """Our fused graph of ``model`` at ``slots`` KV slots (cached), export seconds."""
-    import dataclasses
-
+def export_graphs(model: str, precision: str, forms: list[str], slots: int) -> dict[str, Any]:
+    """Our fused graph of ``model`` in each form at ``slots`` KV slots (cached): export seconds.
+    The model is loaded once for every form not yet exported."""
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.onnx.graph import can_be_invariant, export_onnx
 
@@ -60,21 +67,31 @@ def export_graph(model: str, precision: str, form: str, slots: int) -> dict[str,
     from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.resolve.load import load_model
 
-    out = graph_dir(model, precision, form, slots)
-    if (out / "graph_info.json").is_file():
-        return json.loads((out / "export.json").read_text())
-    out.mkdir(parents=True, exist_ok=True)
+    facts: dict[str, Any] = {}
+    todo = [
+        f for f in forms if not (graph_dir(model, precision, f, slots) / "export.json").is_file()
+    ]
     spec, recipe = get_preset(model), get_recipe("onnx", precision)
     t0 = time.perf_counter()
-    m = load_model(spec, max_seq_len=slots)
-    invariant = form == "invariant"
-    if invariant and not can_be_invariant(m.args, recipe):
-        raise ValueError(f"{model}/{precision}: no batch-invariant graph at {slots} slots")
-    info = graph_info(m, spec, file="target.onnx", quantization=precision, seq_len=None)
-    export_onnx(m, out / info.file, info=info, recipe=recipe, fused=True, invariant=invariant)
-    facts = {"seconds": round(time.perf_counter() - t0, 1), "max_seq_len": info.max_seq_len}
-    (out / "export.json").write_text(json.dumps(facts))
-    (out / "graph_info.json").write_text(json.dumps(dataclasses.asdict(info)))
+    m = load_model(spec, max_seq_len=slots) if todo else None
+    load_s = round(time.perf_counter() - t0, 1)
+    for form in forms:
+        out = graph_dir(model, precision, form, slots)
+        if form not in todo:
+            facts[form] = json.loads((out / "export.json").read_text())
+            continue
+        assert m is not None
+        if form == "invariant" and not can_be_invariant(m.args, recipe):
+            raise ValueError(f"{model}/{precision}: no batch-invariant graph at {slots} slots")
+        out.mkdir(parents=True, exist_ok=True)
+        info = graph_info(m, spec, file="target.onnx", quantization=precision, seq_len=None)
+        t1 = time.perf_counter()
+        export_onnx(m, out / info.file, info=info, recipe=recipe, fused=True,
+                    invariant=form == "invariant")  # fmt: skip
+        facts[form] = {"load_seconds": load_s, "seconds": round(time.perf_counter() - t1, 1),
+                       "max_seq_len": info.max_seq_len}  # fmt: skip
+        write_text_atomic(out / "graph_info.json", json.dumps(dataclasses.asdict(info)))
+        write_text_atomic(out / "export.json", json.dumps(facts[form]))  # last: marks it done
     return facts
 
 
@@ -91,13 +108,12 @@ def kv_mib(model: str, slots: int) -> float:
 PREFILL_CHUNK = 256  # prompt tokens a call: a 4,000-token prefill's logits would be 2.5 GB
 
 
-class GenAISlots(GenAI):
-    """GenAI with a cache of ``slots`` (its search ``max_length``). A prompt already in the cache
-    is not prefilled again: the generator is rewound to its last token, which is fed again."""
+class GenAISlots:
+    """GenAI's model with a cache of ``slots`` (its search ``max_length``). A prompt already in
+    the cache is not prefilled again: the generator is rewound to its last token, fed again."""
 
-    def __init__(self, folder: Path, threads: int, slots: int) -> None:
-        super().__init__(folder, threads)
-        self.slots = slots
+    def __init__(self, genai: GenAI, slots: int) -> None:
+        self.og, self.model, self.slots = genai.og, genai.model, slots
         self._prompt: list[int] | None = None
         self._gen: Any = None
 
@@ -106,6 +122,7 @@ class GenAISlots(GenAI):
             self._gen.rewind_to(len(prompt) - 1)
             self._gen.append_tokens(prompt[-1:])
             return self._gen
+        self._gen = None  # the previous prompt's cache goes before the next one is allocated
         params = self.og.GeneratorParams(self.model)
         params.set_search_options(max_length=self.slots, do_sample=False)
         gen = self.og.Generator(self.model, params)
@@ -127,16 +144,20 @@ class GenAISlots(GenAI):
 
 
 class OursSlots:
-    """Our runtime's ``OrtModel`` on the graph in ``folder`` (its ``graph_info.json``). A prompt
-    already in the cache is not prefilled again: its last token is fed again at its position."""
+    """Our runtime's ``OrtModel`` on ``session`` (the graph in ``folder``) with its own cache of
+    ``slots``. A prompt already in the cache is not prefilled again: its last token is fed again
+    at its position."""
 
-    def __init__(self, folder: Path, threads: int) -> None:
+    def __init__(self, folder: Path, session: Any, slots: int) -> None:
         from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
         from omnidraft_deploy.bundle.sections import GraphInfo
 
         info = GraphInfo(**json.loads((folder / "graph_info.json").read_text()))
-        self.model = OrtModel(folder / info.file, info, threads=threads)
+        if slots > info.max_seq_len:
+            raise ValueError(f"{folder}: exported at {info.max_seq_len} slots, asked for {slots}")
+        info = dataclasses.replace(info, max_seq_len=slots)  # the host's cache: S slots
+        self.model = OrtModel(folder / info.file, info, session=session)
         self._prompt: list[int] | None = None
 
     def steps(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -155,25 +176,42 @@ class OursSlots:
         return out, times
 
 
-def _worker(kind: str, path: str, slots: int, threads: int, conn: Any) -> None:
-    engine: Any = (GenAISlots(Path(path), threads, slots) if kind == "genai"
-                   else OursSlots(Path(path), threads))  # fmt: skip
+def _engines(kind: str, folder: Path, slots: list[int], threads: int) -> dict[int, Any]:
+    """One model (session) for every S: S -> its cache of S slots on that model."""
+    if kind == "genai":
+        genai = GenAI(folder, threads)
+        return {s: GenAISlots(genai, s) for s in slots}
+    from omnidraft_deploy.runtime.onnxruntime_model import RUNTIME_SPIN
+
+    from omnidraft_deploy.host.hugepages import on_huge_pages
+    from omnidraft_deploy.host.onnx_host import cpu_session
+
+    # what ``OrtModel`` opens itself: huge pages, spinning in call
+    session = on_huge_pages(
+        lambda: cpu_session(folder / "target.onnx", threads=threads, spinning=RUNTIME_SPIN)
+    )
+    return {s: OursSlots(folder, session, s) for s in slots}
+
+
+def _worker(kind: str, path: str, slots: list[int], threads: int, conn: Any) -> None:
+    engines = _engines(kind, Path(path), slots, threads)
     conn.send("ready")
     while (msg := conn.recv()) is not None:
-        conn.send(engine.steps(*msg))
+        s, prompt, n = msg
+        conn.send(engines[s].steps(prompt, n))
     conn.send(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # MiB
 
 
-def engines(args: argparse.Namespace) -> dict[tuple[str, int], tuple[str, Path]]:
+def engines(args: argparse.Namespace) -> dict[str, tuple[str, Path]]:
+    """Engine name -> (kind, folder): our graph per form (exported at the largest S), GenAI's."""
     from benchmarks.runtime_speed import WORK as RS_WORK
 
-    found: dict[tuple[str, int], tuple[str, Path]] = {}
-    for s in args.slots:
-        for form in args.forms:
-            found[(f"ours ({form})", s)] = ("ours", graph_dir(args.model, args.precision, form, s))
-        genai = RS_WORK / "genai" / f"{args.model}-{args.precision}"
-        if (genai / "genai_config.json").is_file():  # built by ``prepare`` (real models only)
-            found[("ort-genai", s)] = ("genai", genai)
+    top = max(args.slots)
+    found = {f"ours ({form})": ("ours", graph_dir(args.model, args.precision, form, top))
+             for form in args.forms}  # fmt: skip
+    genai = RS_WORK / "genai" / f"{args.model}-{args.precision}"
+    if (genai / "genai_config.json").is_file():  # built by ``prepare`` (real models only)
+        found["ort-genai"] = ("genai", genai)
     return found
 
 
@@ -184,30 +222,31 @@ def contexts_for(args: argparse.Namespace, slots: int) -> list[tuple[str, int]]:
 def time_all(args: argparse.Namespace) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     workers = {}
-    for key, (kind, path) in engines(args).items():
+    for name, (kind, path) in engines(args).items():
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(kind, str(path), key[1], args.threads, child))
+        proc = ctx.Process(target=_worker, args=(kind, str(path), args.slots, args.threads, child))
         proc.start()
-        assert parent.recv() == "ready"
-        workers[key] = (proc, parent)
+        assert parent.recv() == "ready", f"{name}: worker failed to start"
+        workers[name] = (proc, parent)
     cells: dict[str, dict[str, Any]] = {}
-    # contexts outer, rounds inner: a worker sees one prompt round after round and prefills it
-    # once; engines alternate within every round
+    # contexts outer, rounds inner: a cache sees one prompt round after round and is prefilled
+    # once; every (engine, S) takes its turn within every round
     for label, c in sorted({lc for s in args.slots for lc in contexts_for(args, s)}):
         log.info("context %s (%d tokens): %d rounds", label, c, args.rounds)
         prompt = [(i * 7919) % 1000 + 100 for i in range(c)]
         for _ in range(args.rounds):
-            for (name, s), (_, conn) in workers.items():
-                if (label, c) not in contexts_for(args, s):
-                    continue
-                conn.send((prompt, args.steps))
-                tokens, times = conn.recv()
-                cell = cells.setdefault(f"{name}|{s}|{c}", {"ms": [], "tokens": tokens})
-                cell["ms"].append(1e3 * statistics.median(times))
+            for name, (_, conn) in workers.items():
+                for s in args.slots:
+                    if (label, c) not in contexts_for(args, s):
+                        continue
+                    conn.send((s, prompt, args.steps))
+                    tokens, times = conn.recv()
+                    cell = cells.setdefault(f"{name}|{s}|{c}", {"ms": [], "tokens": tokens})
+                    cell["ms"].append(1e3 * statistics.median(times))
     rss = {}
-    for (name, s), (proc, conn) in workers.items():
+    for name, (proc, conn) in workers.items():
         conn.send(None)
-        rss[f"{name}|{s}"] = round(conn.recv(), 1)
+        rss[name] = round(conn.recv(), 1)
         proc.join()
     rows = []
     for cell_key, cell in cells.items():
@@ -215,7 +254,7 @@ def time_all(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"engine": name, "slots": int(slots), "context": int(ctx_len),
                      "ms_per_step": round(statistics.median(cell["ms"]), 2),
                      "ms_rounds": [round(x, 2) for x in cell["ms"]], "tokens": cell["tokens"],
-                     "peak_rss_mib": rss[f"{name}|{slots}"]})  # fmt: skip
+                     "peak_rss_mib": rss[name]})  # fmt: skip
     return {"rows": rows, "kv_mib": {s: kv_mib(args.model, s) for s in args.slots}}
 
 
@@ -225,24 +264,29 @@ def time_all(args: argparse.Namespace) -> dict[str, Any]:
 def to_markdown(r: dict[str, Any]) -> str:
     rows = r["rows"]
     shorts = sorted({x["context"] for x in rows if x["context"] in r["short_contexts"]})
+    has_full = any(x["context"] not in r["short_contexts"] for x in rows)
     lines = [f"# Decode ms per step by KV slots: {r['model']} {r['precision']}, ours vs ORT GenAI",
              "", *meta_lines(r["meta"]),
              f"Medians over {r['rounds']} round-robin rounds of the median of {r['steps']} timed "
-             "1-token steps; `full` = a context of S - steps - 8 tokens. KV MiB: fp32 K + V of "
-             "the target at S slots.", "",
+             "1-token steps; `full` = a context of S - steps - 8 tokens; `x S min`: ms a step at "
+             "S over ms at the smallest S, same engine and context. KV MiB: fp32 K + V of the "
+             "target at S slots. Peak RSS: the engine's worker, one model and a cache per S.", "",
              "| engine | slots S | KV MiB | " + " | ".join(f"ctx {c}" for c in shorts)
-             + " | ctx full (tokens) | peak RSS MiB |",
-             "|---|---|---|" + "---|" * len(shorts) + "---|---|"]  # fmt: skip
+             + (" | ctx full (tokens)" if has_full else "") + " | "
+             + " | ".join(f"x S min, ctx {c}" for c in shorts) + " | peak RSS MiB |",
+             "|---|---|---|" + "---|" * (2 * len(shorts) + has_full) + "---|"]  # fmt: skip
     for name in dict.fromkeys(x["engine"] for x in rows):
-        for s in sorted({x["slots"] for x in rows}):
-            mine = {x["context"]: x for x in rows if x["engine"] == name and x["slots"] == s}
-            if not mine:
-                continue
-            full = max(mine)
-            cells = " | ".join(str(mine[c]["ms_per_step"]) if c in mine else "-" for c in shorts)
-            rss = next(iter(mine.values()))["peak_rss_mib"]
-            lines.append(f"| {name} | {s} | {r['kv_mib'][str(s)]} | {cells} | "
-                         f"{mine[full]['ms_per_step']} ({full}) | {rss} |")  # fmt: skip
+        mine = {(x["slots"], x["context"]): x["ms_per_step"] for x in rows if x["engine"] == name}
+        base = min(s for s, _ in mine)
+        for s in sorted({s for s, _ in mine}):
+            cells = [str(mine.get((s, c), "-")) for c in shorts]
+            if has_full:
+                full = max(c for t, c in mine if t == s)
+                cells.append(f"{mine[(s, full)]} ({full})")
+            cells += [f"{mine[(s, c)] / mine[(base, c)]:.2f}" if (s, c) in mine and (base, c) in mine
+                      else "-" for c in shorts]  # fmt: skip
+            rss = next(x["peak_rss_mib"] for x in rows if x["engine"] == name)
+            lines.append(f"| {name} | {s} | {r['kv_mib'][str(s)]} | {' | '.join(cells)} | {rss} |")
     lines += ["", "Greedy tokens: " + same_tokens(rows)]
     return "\n".join(lines) + "\n"
 
@@ -286,7 +330,7 @@ def main() -> None:
     p.add_argument("--slots", type=lambda s: [int(x) for x in s.split(",")],
                    default=[512, 2048, 4096])  # fmt: skip
     p.add_argument("--forms", type=lambda s: s.split(","), default=list(FORMS))
-    p.add_argument("--contexts", type=lambda s: s.split(","), default=["64", "448", "full"])
+    p.add_argument("--contexts", type=lambda s: s.split(","), default=["64", "448"])
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -296,8 +340,7 @@ def main() -> None:
     if args.command == "prepare":
         from benchmarks.runtime_speed import MODELS, build_genai
 
-        facts = {f"{f}-{s}": export_graph(args.model, args.precision, f, s)
-                 for s in args.slots for f in args.forms}  # fmt: skip
+        facts = export_graphs(args.model, args.precision, args.forms, max(args.slots))
         if args.model in MODELS:  # GenAI's builder takes the real models' HF folders
             facts["genai"] = build_genai(args.model, args.precision)
         print(json.dumps(facts, indent=2))

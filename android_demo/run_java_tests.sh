@@ -12,7 +12,9 @@
 #        OMNIDRAFT_VECTORS  tokenizer vectors folder (default tests/golden/tokenizer_vectors)
 #        OMNIDRAFT_TOKENIZERS  folder of NAME/tokenizer.{json,model} (unset: those checks are skipped)
 #        OMNIDRAFT_MAPS     folder of DRAFTER--TARGET.vocab_map.bin for the tiny-pair traces
-#        (tests/e2e/test_android_java.py writes the last two from the Python tokenizers and mappers)
+#        OMNIDRAFT_MULTI_BUNDLE  the multi-target bundle the multi-target trace replays from
+#        (tests/e2e/test_android_java.py writes TOKENIZERS and MAPS from the Python tokenizers and
+#        mappers, and passes the multi-target bundle the tests export)
 # exit:  3 when javac or JUnit4 is missing.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -49,7 +51,8 @@ case "${1:-test}" in
   test)
     classes=$(cd "$SRC/test/java" && find . -name '*Test.java' | sort | sed 's|^\./||; s|\.java$||; s|/|.|g')
     exec java -Domnidraft.golden="$GOLDEN" -Domnidraft.traces="$TRACES" -Domnidraft.vectors="$VECTORS" \
-      -Domnidraft.tokenizers="${OMNIDRAFT_TOKENIZERS:-}" -Domnidraft.maps="${OMNIDRAFT_MAPS:-}" -cp "$BUILD/classes:$JUNIT:$HAMCREST" \
+      -Domnidraft.tokenizers="${OMNIDRAFT_TOKENIZERS:-}" -Domnidraft.maps="${OMNIDRAFT_MAPS:-}" \
+      -Domnidraft.multibundle="${OMNIDRAFT_MULTI_BUNDLE:-}" -cp "$BUILD/classes:$JUNIT:$HAMCREST" \
       org.junit.runner.JUnitCore $classes ;;
   *)
     echo "usage: $0 [test | build | cli ARGS...]" >&2; exit 2 ;;

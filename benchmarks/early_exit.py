@@ -196,7 +196,7 @@ def cost(cfg: Config, target_graph: Path | None, reps: int = 10, rounds: int = 3
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    from omnidraft_deploy.bundle.manifest import GraphInfo
+    from omnidraft_deploy.bundle.sections import GraphInfo
 
     torch.set_num_threads(cfg.threads)
     spec = get_preset(cfg.drafter)

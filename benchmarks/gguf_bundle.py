@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
-from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import Manifest
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 
 def target_info(bundle: Path) -> GraphInfo:

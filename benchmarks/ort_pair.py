@@ -94,7 +94,7 @@ def verify_graph(source: str, role: str, quant: str, *, max_seq_len: int = 512,
     """Export (cached) and verify one graph: (path, GraphInfo, parity). ``quant``: see
     ``parse_quant``. A cached graph is reused with its parity and ``GraphInfo`` (no eager model
     is loaded)."""
-    from omnidraft_deploy.bundle.manifest import GraphInfo
+    from omnidraft_deploy.bundle.sections import GraphInfo
     from omnidraft_deploy.catalog.backends import get_recipe
 
     out = root / f"{source.replace(':', '-')}-{quant}"

@@ -151,7 +151,7 @@ def export_pte(preset: str) -> None:
 def graph_info_of(path: Path) -> Any:
     """The graph's ``GraphInfo``: from the export's ``graph_info.json`` (reading the ONNX
     metadata would load the whole inline-weight protobuf, 1.1 GB, into the worker's peak RSS)."""
-    from omnidraft_deploy.bundle.manifest import GraphInfo
+    from omnidraft_deploy.bundle.sections import GraphInfo
 
     sidecar = path.parent / "graph_info.json"
     if sidecar.is_file():

@@ -36,7 +36,8 @@ from tqdm import tqdm
 from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic
 from omnidraft_deploy.bundle.files import file_entry
 from omnidraft_deploy.bundle.folder import atomic_bundle_dir
-from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, Manifest
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import Backend, get_backend, get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
 from omnidraft_deploy.reference.model import Transformer

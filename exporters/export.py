@@ -25,7 +25,7 @@ from typing import Any
 from omnidraft_deploy.exporters.bundle import ExportConfig, Verify, export_bundle
 from tqdm import tqdm
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.checks import expected
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import TokenizerLike

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from omnidraft_deploy.bundle.graph_contract import input_names as input_names  # re-exported
 from omnidraft_deploy.bundle.graph_contract import output_names as output_names
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 

@@ -42,14 +42,8 @@ from omnidraft_deploy.exporters.export import export_pair
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.bundle.files import file_entry
 from omnidraft_deploy.bundle.folder import atomic_bundle_dir, read_manifest
-from omnidraft_deploy.bundle.manifest import (
-    MANIFEST_NAME,
-    MULTI_TARGET_VERSION,
-    FileEntry,
-    Manifest,
-    TargetInfo,
-    check_relpath,
-)
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, MULTI_TARGET_VERSION, Manifest
+from omnidraft_deploy.bundle.sections import FileEntry, TargetInfo, check_relpath
 from omnidraft_deploy.resolve.export_inputs import ExportInputs
 
 log = logging.getLogger(__name__)

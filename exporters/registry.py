@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 Exporter = Callable[..., tuple[GraphInfo, dict[str, Any]]]
 EXPORTERS: dict[str, Exporter] = {}

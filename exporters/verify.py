@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.bundle import graph_contract as gc
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import QuantRecipe
 from omnidraft_deploy.checks.parity import StepFn, eager_step, parity, step_speed
 from omnidraft_deploy.reference.model import Transformer

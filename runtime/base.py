@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 
 class RuntimeModel(ABC):

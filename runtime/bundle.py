@@ -25,14 +25,9 @@ from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
 from omnidraft_deploy.bundle.folder import verify_bundle
-from omnidraft_deploy.bundle.manifest import (
-    HTP_CONTEXT,
-    MANIFEST_NAME,
-    BundleError,
-    GraphInfo,
-    Manifest,
-)
+from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, MANIFEST_NAME, BundleError, Manifest
 from omnidraft_deploy.bundle.onnx_meta import OnnxMeta, read_onnx_meta
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.bundle.targets import parts, select, target_names
 from omnidraft_deploy.host.onnx_host import context_path
 from omnidraft_deploy.ngram.cache import NGramCache

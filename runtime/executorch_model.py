@@ -14,7 +14,8 @@ import numpy as np
 from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy.bundle import graph_contract as gc
-from omnidraft_deploy.bundle.manifest import BundleError, GraphInfo
+from omnidraft_deploy.bundle.manifest import BundleError
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.optional import pte_program
 
 PTE_MAGIC = b"ET"  # flatbuffer file identifier at bytes 4..8 is b"ET" + 2-digit schema version

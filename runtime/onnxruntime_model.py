@@ -24,7 +24,7 @@ import numpy as np
 from omnidraft_deploy.runtime.base import RuntimeModel
 
 from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.host.hugepages import on_huge_pages
 from omnidraft_deploy.host.onnx_host import Spin, cpu_session
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.host.onnx_host import QnnUnsupportedError, htp_session
 
 __all__ = ["QnnUnsupportedError", "htp_session", "qnn_model"]

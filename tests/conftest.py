@@ -44,6 +44,24 @@ def cli_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+MULTI_TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # three vocabularies
+
+
+@pytest.fixture(scope="session")
+def multi_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One multi-target tiny ONNX bundle (issue 30: one drafter, ``MULTI_TARGETS``), exported as a
+    user types it, shared by the multi-target tests and the Android core's golden-trace replay
+    (``omnidraft_deploy.golden.write.MULTI`` records at its settings); copy it to change it."""
+    pytest.importorskip("onnxruntime")
+    from omnidraft_deploy.cli.main import export_main
+
+    out = tmp_path_factory.mktemp("multi") / "three"
+    args = ["--target", ",".join(MULTI_TARGETS), "--backend", "onnx", "--out", str(out),
+            "--max-seq-len", "48", "--draft-len", "3", "--no-verify"]  # fmt: skip
+    assert export_main(args) == 0
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _exports_open_before_publishing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 26: every bundle a test writes through the one export path

@@ -12,9 +12,9 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   offset per block (GGUF Q4_1's grid, exact for weights published in it): MatMulNBits' own zero
   points are integers, and its float zero points run 40x slower here (fp32 dequantisation per
   call), so the offsets are a per-row block sum times an ``(n_blocks, N)`` table, added after;
-- or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column) and int8
-  activations with one scale per row (``GraphWriter.linear_rows``): ONNX Runtime's int8 GEMM
-  (VNNI / AMX) instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
+- or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column, stored
+  as uint8 + 128: see ``GraphWriter.linear_rows``) and int8 activations with one scale per row:
+  ONNX Runtime's integer GEMM instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
   ``benchmarks/matmul_kernels.py``, reports/matmul_kernels.json): Qwen2.5's lm_head 896x151936
   takes 4.6 / 4.8 / 5.8 ms for T = 1 / 2 / 8 rows against MatMulNBits' 6.6 / 8.2 / 13.6, so
   verification width gets cheap. The coarser activation scale needs SmoothQuant
@@ -156,8 +156,16 @@ class GraphWriter:
         """``x @ w.T`` as ``MatMulInteger``: ``w`` int8 symmetric per output column; each row of
         ``x`` quantised symmetric int8 with its own scale (``max|row| / 127``), stored as uint8
         with zero point 128 (ONNX Runtime's MatMulInteger takes one activation zero point).
-        Integer products are exact and every row's arithmetic is its own: batch-invariant."""
+        Integer products are exact and every row's arithmetic is its own: batch-invariant.
+
+        The weights are stored as uint8 too (``q + 128``, zero point 128: u8 x u8), not int8:
+        on x86 CPUs without VNNI ONNX Runtime's u8 x s8 kernel sums pairs of products in int16
+        with saturation (``vpmaddubsw``), and activations centred on 128 overflow it all the
+        time: every output of a 1536-deep product was wrong here (AMD EPYC, AVX2), and the
+        Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager. Its u8 x u8 kernel widens to
+        int16 first and is exact on every CPU (``benchmarks/w8a8_saturation.py``)."""
         wq, w_scale = per_row_int8(w.detach().float())  # (N, K), (N,)
+        wu = (wq.T.to(torch.int16) + 128).to(torch.uint8).contiguous().numpy()  # (K, N) uint8
         f32 = np.float32
         inv127 = self.shared("rows/inv127", np.array(1 / 127, f32))
         c128 = self.shared("rows/c128", np.array(128, f32))
@@ -175,7 +183,7 @@ class GraphWriter:
         self.node("Cast", [f"{p}/shifted"], [f"{p}/xq"], to=2)  # uint8; |x/scale| <= 127
         self.node(
             "MatMulInteger",
-            [f"{p}/xq", self.const(f"{name}.qweight", wq.T.contiguous().numpy()), zp],
+            [f"{p}/xq", self.const(f"{name}.qweight", wu), zp, zp],
             [f"{p}/acc"],
         )
         self.node("Cast", [f"{p}/acc"], [f"{p}/accf"], to=1)

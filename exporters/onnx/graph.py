@@ -42,7 +42,7 @@ from omnidraft_deploy.exporters.onnx.file_quant import quantize_onnx_file
 from omnidraft_deploy.exporters.quant.smoothquant import smoothed_on_text
 
 from omnidraft_deploy.bundle.graph_contract import input_names, output_names
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import Backend, QuantRecipe
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
 

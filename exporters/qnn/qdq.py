@@ -59,7 +59,7 @@ from omnidraft_deploy.exporters.quant.calibration import (
 )
 
 from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import QuantRecipe
 from omnidraft_deploy.checks.parity import StepFn
 from omnidraft_deploy.host.onnx_host import context_path, htp_session

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from omnidraft_deploy.bundle.graph_contract import ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 
 def calibration_prompts(tokenizer: str, limit: int = 64) -> list[list[int]]:

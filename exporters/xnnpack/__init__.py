@@ -18,7 +18,7 @@ from typing import Any
 from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.registry import register
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import QuantRecipe
 from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.reference.model import Transformer

@@ -15,7 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError, FileEntry
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError
+from omnidraft_deploy.bundle.sections import FileEntry
 
 _CHUNK = 1 << 20
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 TOKEN_IDS = "token_ids"
 INPUT_POS = "input_pos"

@@ -16,12 +16,8 @@ import dataclasses
 import os
 from pathlib import Path
 
-from omnidraft_deploy.bundle.manifest import (
-    MANIFEST_NAME,
-    BundleError,
-    Manifest,
-    TargetInfo,
-)
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError, Manifest
+from omnidraft_deploy.bundle.sections import TargetInfo
 
 # the files of the one target of a single-target bundle (schema 1)
 SINGLE = {"vocab_map": "vocab_map.bin", "ngram_cache": "ngram_cache.bin",

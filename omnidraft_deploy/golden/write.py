@@ -10,6 +10,13 @@ accepted and merged (random tiny models never agree). Tiny pairs' vocabulary map
 the test from the default assets; the real pair's map is stored next to its traces
 (``<pair>.vocab_map.bin.gz``) because its drafter tokenizer is an optional asset.
 
+One trace, ``tiny-multi-greedy-heuristic``, is a multi-target trace (issue 30): two targets of two
+vocabularies (``MULTI``) decoded with ONE drafter object, at the settings of the tests' multi-target
+bundle (``tests/conftest.py`` ``multi_bundle``: the same presets and seeds, ``max_seq_len``,
+``draft_len``). It is the trace format extended: ``{"format", "name", "drafter", "bundle": {...},
+"targets": [<one trace per target, as record_pair writes it>]}``. The Android test opens that
+bundle, selects each target by name and replays its trace with the map and tokenizer it ships.
+
 ``tests/golden/tokenizer_vectors/<tokenizer>.json.gz``: ``{"tokenizer", "strings", "ids"}`` for a
 fixed, seeded set of strings (unicode, whitespace runs, code, emoji, special-token text, the
 llama.cpp golden inputs and the shipped prompts).
@@ -30,6 +37,12 @@ TRACES = ROOT / "tests" / "golden" / "traces"
 VECTORS = ROOT / "tests" / "golden" / "tokenizer_vectors"
 VECTOR_TOKENIZERS = ("llama2", "llama3", "qwen2", "gpt2", "smollm2")
 REAL_PAIR = ("qwen2.5-0.5b", "smollm2-135m")
+# the multi-target trace: two targets of two vocabularies on one drafter, at the settings of the
+# tests' multi-target bundle (tests/conftest.py multi_bundle: --max-seq-len 48 --draft-len 3)
+MULTI = ("tiny-llama3-8b", "tiny-qwen2-7b")
+MULTI_DRAFTER = "tiny-llama-68m"
+MULTI_NAME = "tiny-multi-greedy-heuristic"
+MULTI_BUNDLE = {"max_seq_len": 48, "draft_len": 3, "seed": 0}
 log = logging.getLogger(__name__)
 
 _PROMPTS_TINY = ("def fibonacci(n: int) -> int:\n    return", "Héllo wörld, 東京 ☕ 🚀 — ok?")
@@ -124,6 +137,40 @@ def write_traces(out: Path, *, include_real: bool = True) -> list[Path]:
     return written
 
 
+def write_multi_trace(out: Path) -> Path:
+    """The multi-target trace (module docstring): each target of ``MULTI`` with the first pair's
+    drafter object, heuristic draft length from the bundle's ``draft_len``, greedy."""
+    import torch
+
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.golden.trace import TRACE_FORMAT, TraceConfig, record_pair
+    from omnidraft_deploy.resolve.pair import build_pair
+    from omnidraft_deploy.speculative.drafter import Mode
+
+    torch.set_num_threads(1)
+    seq, seed = MULTI_BUNDLE["max_seq_len"], MULTI_BUNDLE["seed"]
+    traces: list[dict[str, Any]] = []
+    drafter = None
+    for target in MULTI:  # the export's seeds: target seed, drafter seed + 1 (build_pair's too)
+        pair = build_pair(get_preset(target), get_preset(MULTI_DRAFTER), seed=seed, max_seq_len=seq)
+        drafter = drafter or pair.drafter  # one drafter object serves every target
+        cfg = TraceConfig(name=f"{MULTI_NAME}/{target}", mode=Mode.GREEDY, policy="heuristic",
+                          draft_len=MULTI_BUNDLE["draft_len"], cache_policy="lfu",
+                          prompts=_PROMPTS_TINY)  # fmt: skip
+        meta = {"name": cfg.name, "target": target, "drafter": MULTI_DRAFTER,
+                "target_tokenizer": pair.target_tok.name,
+                "drafter_tokenizer": pair.drafter_tok.name, "vocab_map": None}  # fmt: skip
+        log.info("recording %s", cfg.name)
+        traces.append(record_pair(cfg, target=pair.target, drafter=drafter,
+                                  target_tok=pair.target_tok, drafter_tok=pair.drafter_tok,
+                                  mapper=pair.mapper, meta=meta))  # fmt: skip
+    doc = {"format": TRACE_FORMAT, "name": MULTI_NAME, "drafter": MULTI_DRAFTER,
+           "bundle": {**MULTI_BUNDLE, "targets": list(MULTI)}, "targets": traces}  # fmt: skip
+    path = out / f"{MULTI_NAME}.json.gz"
+    _write_gz(path, json.dumps(doc, ensure_ascii=False, sort_keys=True).encode("utf-8"))
+    return path
+
+
 def vector_strings(seed: int = 0, n_random: int = 2000) -> list[str]:
     """The fixed string set of the tokenizer vectors (deterministic for a given ``seed``)."""
     from omnidraft_deploy.catalog.prompts import load_prompts
@@ -184,15 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vectors", action="store_true", help="tokenizer vectors only")
     parser.add_argument("--traces", action="store_true", help="traces only")
     parser.add_argument("--no-real", action="store_true", help="skip the real-model traces")
+    parser.add_argument("--multi", action="store_true", help="the multi-target trace only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for d in (TRACES, VECTORS):
         d.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    if not args.traces:
+    if not (args.traces or args.multi):
         files += write_vectors(VECTORS)
-    if not args.vectors:
+    if not (args.vectors or args.multi):
         files += write_traces(TRACES, include_real=not args.no_real)
+    if not args.vectors:
+        files.append(write_multi_trace(TRACES))
     for f in files:
         print(f"{f.relative_to(ROOT)}  {f.stat().st_size} B")
     return 0

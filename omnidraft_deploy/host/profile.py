@@ -1,7 +1,7 @@
 """``omnidraft profile BUNDLE``: measure the cost model's latencies on the runtime that will run them.
 
 Per-call latency of the target graph for T = 1..k_max+1 fed tokens, of each drafter graph for
-T = 1..3, a target prefill of ``context`` tokens, and the host cost of one step (logit checks +
+T = 1..3, a prefill of ``context`` tokens by each graph, and the host cost of one step (logit checks +
 greedy verification) and of one lookup proposal. Calls are interleaved across repeats (every
 (graph, T) once per round, the order rotated each round) so machine noise hits all alike; medians
 are kept. The result (``speculative.cost.CostProfile``) is written as ``cost_profile.json`` to the
@@ -83,14 +83,16 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
     jobs = [("", t) for t in range(1, k_max + 2)] + [(n, t) for n in drafters for t in (1, 2, 3)]
     jobs += [("far", t) for t in range(1, k_max + 2)] if far else []
     jobs.append(("prefill", context))
+    jobs += [(f"prefill:{n}", context) for n in drafters]
     times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
     logits = target.forward(ids[context : context + 5], context)
     host, look = [], LookupProposer()
     look.reset(ids.tolist() * 4)
     for r in progress(range(reps)):
         for name, t in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
-            if name == "prefill":
-                times[(name, t)].append(_call(target, ids[:t], 0) / t)
+            if name.startswith("prefill"):
+                lm = models[name.partition(":")[2]]
+                times[(name, t)].append(_call(lm, ids[:t], 0) / t)
             elif name == "far":
                 times[(name, t)].append(_call(target, ids[far : far + t], far))
             else:
@@ -110,7 +112,9 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
         common |= {"far_context": far, "target_ms_far": med("far", range(1, k_max + 2))}
     out = {"": CostProfile(**common)}
     for name in drafters:
-        out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)), **common)
+        dpre = statistics.median(times[(f"prefill:{name}", context)])
+        out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)),
+                                drafter_prefill_ms_per_token=dpre, **common)  # fmt: skip
     return out
 
 

@@ -38,6 +38,7 @@ class CostProfile:
     lookup_ms: float = 0.0  # host cost of one lookup proposal
     overhead_ms: float = 0.0  # host cost of one speculative step (mapping, verify, bookkeeping)
     prefill_ms_per_token: float = 0.0
+    drafter_prefill_ms_per_token: float = 0.0  # the drafter reads the prompt too (model drafts)
     # The KV length ``target_ms`` was measured at, and the target's latencies at a longer one:
     # attention reads every cached slot, so a call costs more deep into a long prompt (the
     # batch-invariant Qwen2.5-0.5B w8a8 graph: 31.6 / 45.9 ms for T = 1 / 9 at 64 cached tokens,
@@ -61,7 +62,12 @@ class CostProfile:
             vals = getattr(self, name)
             if any(not v > 0 for v in vals):  # rejects NaN too
                 raise ValueError(f"{name} must be positive latencies, got {list(vals)}")
-        for name in ("lookup_ms", "overhead_ms", "prefill_ms_per_token"):
+        for name in (
+            "lookup_ms",
+            "overhead_ms",
+            "prefill_ms_per_token",
+            "drafter_prefill_ms_per_token",
+        ):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -106,6 +112,7 @@ class CostProfile:
                 lookup_ms=float(raw.get("lookup_ms", 0.0)),
                 overhead_ms=float(raw.get("overhead_ms", 0.0)),
                 prefill_ms_per_token=float(raw.get("prefill_ms_per_token", 0.0)),
+                drafter_prefill_ms_per_token=float(raw.get("drafter_prefill_ms_per_token", 0.0)),
                 context=int(raw.get("context", 0)),
                 far_context=int(raw.get("far_context", 0)),
                 target_ms_far=tuple(float(v) for v in raw.get("target_ms_far", ())),
@@ -160,6 +167,24 @@ def marginal_ms(profile: CostProfile, n_proposed: int, *, model: bool) -> float:
     return (profile.drafter(1) if model else 0.0) + widen + first
 
 
+def extension_pays(profile: CostProfile, n_proposed: int, k_max: int, *, survive: float,
+                   rate: float, value: float) -> bool:  # fmt: skip
+    """Whether drafting on from ``n_proposed`` model drafts to some length in ``(n_proposed,
+    k_max]`` pays: the expected tokens of the extra drafts (each survives with the survival so
+    far times ``rate`` per draft) times ``value`` ms exceed their drafter calls plus the wider
+    verification. Looking past the next draft matters: the first extra verification row costs more
+    than later ones (and a measured profile need not be convex), so a draft that does not pay
+    alone can open a run that does."""
+    gain = cost = 0.0
+    for j in range(n_proposed, k_max):
+        survive *= rate
+        gain += survive * value
+        cost += marginal_ms(profile, j, model=True)
+        if gain > cost:
+            return True
+    return False
+
+
 def expected_speedup(profile: CostProfile, acceptance: Sequence[float], *, model: bool) -> float:
     """Steady-state speedup over target-only of steps proposing ``len(acceptance)`` tokens with
     conditional acceptance ``acceptance`` (model drafts: one drafter call per proposal)."""
@@ -198,10 +223,13 @@ def predicted_times(
     """(target-only ms, speculative ms) the profile predicts for a generation that took ``steps``;
     both pay the same prefill of ``prompt_len - 1`` tokens, and every call is costed at its
     position (``CostProfile.target_at``: the first step feeds position ``prompt_len - 1``). The
-    speculative time is the sum of ``cost_terms``."""
+    speculative time is the sum of ``cost_terms`` plus, when the drafter ran at all, its own
+    prefill of the prompt (``prompt_len`` drafter tokens: the spellings' count is close)."""
     prefill = max(0, prompt_len - 1) * profile.prefill_ms_per_token
     t = cost_terms(profile, steps, prompt_len)
     spec = prefill + t["target_1"] + t["drafter"] + t["verify_width"] + t["host"]
+    if any(s.source == "model" for s in steps):
+        spec += prompt_len * profile.drafter_prefill_ms_per_token
     start = max(0, prompt_len - 1)
     base = prefill + sum(profile.target_at(1, p) for p in range(start, start + int(t["tokens"])))
     return base, spec

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnidraft_deploy.speculative.cost import CostProfile, marginal_ms
+from omnidraft_deploy.speculative.cost import CostProfile, extension_pays, step_ms
 
 
 @dataclass
@@ -122,6 +122,13 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
     on summarisation after three tasks where it did not: 1.06x without backoff, 0.97x with it;
     a cap of 64 instead of 256 did not bring it back, 0.95x, and left math at 0.94x).
     ``enabled`` False forces k = 0 (the hybrid proposer's lookup / plain steps).
+
+    The value of an accepted token is what a token costs *now* (``value``): the running ratio of
+    the drafted steps' modelled cost to the tokens they committed, never more than a target-only
+    token. One more draft pays when it raises tokens per millisecond, i.e. when its expected
+    tokens times the current cost per token exceed its marginal cost (a ratio objective, as in
+    Dinkelbach's method). Valuing a token at the target-only cost instead drafts for gains that a
+    step already faster than target-only does not get.
     """
 
     def __init__(self, profile: CostProfile, max_len: int = 8, *, prior: float = 0.6,
@@ -130,9 +137,16 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
         self.profile, self.rate, self.ema, self.explore_every = profile, prior, ema, explore_every
         self.explore_max, self._interval = max(explore_max, explore_every), explore_every
         self.enabled, self._skipped = True, 0
+        self._cost_ms, self._tokens = profile.value_ms, 1.0  # EMAs per drafted step
+
+    @property
+    def value(self) -> float:
+        """ms a committed token costs at the current drafting (at most target-only's)."""
+        return min(self.profile.value_ms, self._cost_ms / self._tokens)
 
     def first_pays(self) -> bool:
-        return self.rate * self.profile.value_ms > marginal_ms(self.profile, 0, model=True)
+        return extension_pays(self.profile, 0, self.max_len, survive=1.0, rate=self.rate,
+                              value=self.value)  # fmt: skip
 
     def next_draft_len(self) -> int:
         super().next_draft_len()
@@ -149,13 +163,17 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
 
     def keep_drafting(self, i: int, features: np.ndarray) -> bool:
         super().keep_drafting(i, features)  # records features, multiplies the survival
-        gain = self._survive * self.rate * self.profile.value_ms
-        return gain > marginal_ms(self.profile, i + 1, model=True)
+        return extension_pays(self.profile, i + 1, self.max_len, survive=self._survive,
+                              rate=self.rate, value=self.value)  # fmt: skip
 
     def update(self, n_drafted: int, n_accepted: int) -> None:
         if n_drafted <= 0:
             return
         super().update(n_drafted, n_accepted)
+        p = self.profile
+        cost = step_ms(p, n_drafted, n_drafted, lookup=False)
+        self._cost_ms += self.ema * (cost - self._cost_ms)
+        self._tokens += self.ema * (n_accepted + 1 - self._tokens)
         for j in range(min(n_accepted + 1, n_drafted)):
             self.rate += self.ema * ((1.0 if j < n_accepted else 0.0) - self.rate)
 

@@ -83,7 +83,7 @@ class CrossVocabDrafter:
     ) -> None:
         self.lm, self.mapper, self.policy, self.mode = lm, mapper, policy, mode
         self.target_vocab, self.temperature = target_vocab, temperature
-        self.ngram_cache, self.bos_id = ngram_cache, mapper.drafter_bos
+        self.ngram_cache = ngram_cache
         self.draft_ids: list[int] = []
         self.placeholder_bytes = 0
         self.kv_len = 0
@@ -93,9 +93,7 @@ class CrossVocabDrafter:
         self.calls = 0
 
     def reset(self, prompt_target_ids: list[int]) -> None:
-        ids = self.mapper.translate(prompt_target_ids)
-        if self.bos_id is not None and (not ids or ids[0] != self.bos_id):
-            ids = [self.bos_id, *ids]
+        ids = self.mapper.drafter_context(prompt_target_ids)
         self.draft_ids, self.kv_len, self._fed_len = ids, 0, 0
         self.placeholder_bytes = 0
         self._count_placeholders(prompt_target_ids)

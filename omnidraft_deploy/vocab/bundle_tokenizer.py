@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from omnidraft_deploy.protocols import TokenizerLike
 
 if TYPE_CHECKING:
-    from omnidraft_deploy.bundle.manifest import FileEntry
+    from omnidraft_deploy.bundle.sections import FileEntry
 
 SPECIAL, TEMPLATE = "special_tokens.json", "chat_template.jinja"
 JSON, SPM, SPM_RAW = "tokenizer.json", "tokenizer.model", "tokenizer-no-dummy-prefix.model"

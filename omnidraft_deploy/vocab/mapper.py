@@ -239,6 +239,13 @@ class VocabMapper:
             out.extend(self.target_to_draft(t))
         return out
 
+    def drafter_context(self, target_ids: list[int]) -> list[int]:
+        """The drafter's context for a target prompt: ``translate``, starting with the drafter's
+        BOS when the map stores one."""
+        ids = self.translate(target_ids)
+        bos = self.drafter_bos
+        return [bos, *ids] if bos is not None and (not ids or ids[0] != bos) else ids
+
     def map_probs(self, draft_probs: Tensor) -> Tensor:
         """Marginal of a drafter distribution on target ids over DM tokens.
 

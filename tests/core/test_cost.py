@@ -14,6 +14,7 @@ from omnidraft_deploy.speculative.cost import (
     cost_terms,
     expected_speedup,
     expected_tokens,
+    extension_pays,
     marginal_ms,
     predicted_speedup,
     predicted_times,
@@ -153,3 +154,39 @@ def test_cost_policy_choices_on_synthetic_profiles() -> None:
     assert isinstance(make_policy("cost", 4, REAL), CostAwareDraftLen)
     with pytest.raises(ValueError, match="profile"):
         make_policy("cost", 4)
+
+
+def test_drafting_on_looks_past_the_next_draft() -> None:
+    """The 1.5B's shape: the first extra verification row is dear, the next ones nearly free."""
+    prof = CostProfile(target_ms=(100.0, 145.0, 147.0, 149.0, 170.0), drafter_ms=(10.0,))
+    # one draft alone: 0.5 * 100 = 50 < 10 + 45; three: 50 + 25 + 12.5 = 87.5 > 30 + 49
+    assert marginal_ms(prof, 0, model=True) > 0.5 * 100.0
+    assert extension_pays(prof, 0, 3, survive=1.0, rate=0.5, value=100.0)
+    assert not extension_pays(prof, 0, 1, survive=1.0, rate=0.5, value=100.0)  # k_max 1
+    assert not extension_pays(prof, 0, 3, survive=1.0, rate=0.2, value=100.0)
+    assert not extension_pays(prof, 2, 2, survive=1.0, rate=1.0, value=100.0)  # nothing left
+
+
+def test_a_token_is_valued_at_what_it_costs_now() -> None:
+    """Once drafting makes tokens cheaper than target-only, a draft must beat that cheaper cost."""
+    pol = CostAwareDraftLen(REAL, max_len=4, prior=0.8)
+    assert pol.value == REAL.value_ms
+    for _ in range(200):  # steps of 4 drafts, all accepted: 5 tokens per modelled step
+        pol.next_draft_len()
+        pol.update(4, 4)
+    step = step_ms(REAL, 4, 4, lookup=False)
+    assert math.isclose(pol.value, step / 5, rel_tol=1e-3)
+    for _ in range(200):  # nothing accepted: a token costs more than target-only; capped there
+        pol.next_draft_len()
+        pol.update(4, 0)
+    assert pol.value == REAL.value_ms
+
+
+def test_the_drafter_prefill_is_predicted_when_the_drafter_ran() -> None:
+    prof = CostProfile(target_ms=(100.0, 110.0), drafter_ms=(20.0,), prefill_ms_per_token=10.0,
+                       drafter_prefill_ms_per_token=2.0)  # fmt: skip
+    model = [StepRecord("model", 1, 1, 1)]
+    plain = [StepRecord("none", 0, 0, 0)]
+    assert math.isclose(predicted_times(prof, model, 11)[1], 100.0 + 130.0 + 22.0)
+    assert math.isclose(predicted_times(prof, plain, 11)[1], 100.0 + 100.0)
+    assert CostProfile.from_json(prof.to_json()) == prof

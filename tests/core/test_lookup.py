@@ -125,9 +125,12 @@ def test_exact_mode_with_lookup_proposals_is_lossless() -> None:
     prompt, length = [1, 2, 3, 1, 2, 3, 1, 2], 3
     truth = exact_sequence_probs(target, prompt, length)
     cfg = DecodeConfig(mode=Mode.EXACT, temperature=1.0, max_new_tokens=length)
-    dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(CHEAP, 2), config=cfg,
+    # a drafter at 0.2 of a target call: both proposers win steps (at 0.1 the model, valued at
+    # what a token costs once it drafts well, takes all but ~1% of them)
+    mixed = CostProfile(target_ms=CHEAP.target_ms, drafter_ms=(20.0,))
+    dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(mixed, 2), config=cfg,
                              lookup=LookupProposer(LookupConfig(min_ngram=1, keep_history=False)),
-                             profile=CHEAP)  # fmt: skip
+                             profile=mixed)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     counts: Counter[tuple[int, ...]] = Counter()
     sources: Counter[str] = Counter()

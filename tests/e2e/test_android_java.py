@@ -4,7 +4,8 @@ Runs android_demo/run_java_tests.sh (javac 17 + JUnit4, no Gradle or Android SDK
 (ODNG), vocabulary maps (ODVM, same error messages), bundles, and the JUnit suite with the golden
 traces (tests/golden/traces) and tokenizer vectors (tests/golden/tokenizer_vectors), fed with the
 tokenizer files a bundle ships and the vocabulary maps the Python builder makes. Regenerate the
-golden files with ``python -m omnidraft_deploy.golden``.
+golden files with ``python -m omnidraft_deploy.golden``. The multi-target trace (issue 30) is
+replayed from the multi-target bundle the tests export (``tests/conftest.py`` ``multi_bundle``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import pytest
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.bundle.files import file_entry
-from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, Manifest
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog import assets
 from omnidraft_deploy.golden.write import TRACES, VECTOR_TOKENIZERS, VECTORS
 from omnidraft_deploy.ngram.cache import NGramCache
@@ -167,12 +169,23 @@ def test_java_verifies_a_bundle_written_by_python(java_env: dict[str, str], tmp_
     assert f"{bundle / 'target.pte'}: sha256 mismatch" in done.stderr
 
 
-def _traces() -> list[dict[str, Any]]:
+def _trace_files() -> list[dict[str, Any]]:
     out = []
     for path in sorted(TRACES.glob("*.json.gz")):
         if ".vocab_map." not in path.name:
             out.append(json.loads(gzip.decompress(path.read_bytes())))
     return out
+
+
+def _traces() -> list[dict[str, Any]]:
+    """Every one-pair trace, a multi-target trace's targets included."""
+    return [s for t in _trace_files() for s in t.get("targets", [t])]
+
+
+def _multi_trace() -> dict[str, Any]:
+    found = [t for t in _trace_files() if "targets" in t]
+    assert len(found) == 1, f"one multi-target trace expected: {REGENERATE}"
+    return found[0]
 
 
 def _tokenizer(name: str) -> Any:
@@ -256,11 +269,55 @@ def test_java_refuses_broken_vocab_maps_as_python_does(
         assert _cli(java_env, "vocabmap", path).stderr.strip() == f"error: {err.value}"
 
 
-def test_junit_suite_passes(java_env: dict[str, str], golden_inputs: dict[str, str]) -> None:
-    """JUnit: golden traces replayed exactly, tokenizer vectors matched, broken files refused."""
+def test_java_opens_each_target_of_a_multi_target_bundle(
+    java_env: dict[str, str], multi_bundle: Path
+) -> None:
+    """The Android core reads the bundle the Python export writes: every file verified, a target
+    chosen by name, and without one the targets listed."""
+    names = sorted(json.loads((multi_bundle / MANIFEST_NAME).read_text())["targets"])
+    done = _cli(java_env, "verify", multi_bundle)
+    assert done.returncode == 1
+    assert f"a bundle of 3 targets ({', '.join(names)}): choose one by name" in done.stderr
+    for name in names:
+        done = _cli(java_env, "verify", multi_bundle, name)
+        assert done.returncode == 0, done.stderr
+        assert f"target {name} (targets/{name}/target.onnx" in done.stdout
+        assert f"target {name} of 3: {', '.join(names)}" in done.stdout
+        assert "drafter tiny-llama-68m (drafter.onnx" in done.stdout
+
+
+def test_the_multi_target_trace_was_recorded_from_the_bundles_models(multi_bundle: Path) -> None:
+    """The trace is recorded from eager models at the bundle's presets, seeds and settings; the
+    bundle's ONNX graphs give the same top-k at the first recorded call of each model."""
+    import base64
+
+    import numpy as np
+    import torch
+    from omnidraft_deploy.runtime.bundle import open_bundle
+
+    trace = _multi_trace()
+    for sub in trace["targets"]:
+        bundle = open_bundle(multi_bundle, target=sub["target"])
+        assert bundle.mapper.content_hash() == sub["mapping_hash"]
+        for role, lm in (("target", bundle.target), ("drafter", bundle.drafter)):
+            call = next(c for c in sub["runs"][0]["calls"] if c["role"] == role)
+            logits = lm.forward(torch.tensor(call["ids"]), call["start"])[-1].float()
+            row = call["rows"][-1]
+            idx = np.frombuffer(base64.b64decode(row["idx"]), "<i4")
+            val = np.frombuffer(base64.b64decode(row["val"]), "<f4")
+            top = logits.topk(len(idx))
+            assert top.indices[:8].tolist() == idx[:8].tolist(), (sub["name"], role)
+            np.testing.assert_allclose(top.values.numpy(), val, atol=1e-3)
+
+
+def test_junit_suite_passes(
+    java_env: dict[str, str], golden_inputs: dict[str, str], multi_bundle: Path
+) -> None:
+    """JUnit: golden traces replayed exactly (the multi-target one from one bundle), tokenizer
+    vectors matched, broken files refused."""
     done = subprocess.run(
         ["bash", str(SCRIPT), "test"],
-        env={**java_env, **golden_inputs},
+        env={**java_env, **golden_inputs, "OMNIDRAFT_MULTI_BUNDLE": str(multi_bundle)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -268,6 +325,10 @@ def test_junit_suite_passes(java_env: dict[str, str], golden_inputs: dict[str, s
     assert done.returncode == 0 and "OK (" in done.stdout, done.stdout + done.stderr
     for t in _traces():  # every trace ran: none was skipped for a missing map or tokenizer
         assert f"trace {t['name']}: {len(t['runs'])} runs replayed exactly" in done.stdout
+    multi = _multi_trace()
+    assert (f"multi-target trace {multi['name']}: targets "
+            f"{', '.join(s['target'] for s in multi['targets'])} replayed from one bundle "
+            f"(drafter {multi['drafter']})") in done.stdout  # fmt: skip
     for name in VECTOR_TOKENIZERS:
         if _tokenizer(name) is not None:
             assert f"tokenizer vectors {name}: " in done.stdout and "strings OK" in done.stdout

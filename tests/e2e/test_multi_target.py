@@ -1,6 +1,6 @@
 """One drafter for many targets (issue 30): one bundle, three tiny twins of three vocabularies.
 
-The bundle is exported once through ``omnidraft-export --target A,B,C`` (as a user types it) and
+The bundle (``tests/conftest.py`` ``multi_bundle``) is exported once through ``omnidraft-export --target A,B,C`` (as a user types it) and
 checked as a user would: ``omnidraft validate`` decodes every target speculatively and
 target-only against its recorded reference; ``run`` needs ``--target`` and lists the targets when
 it is missing or unknown; the drafter graph is stored once and the export reports the bytes it
@@ -19,18 +19,13 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # three vocabularies
+TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # conftest's MULTI_TARGETS
 
 
 @pytest.fixture(scope="module")
-def multi(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from omnidraft_deploy.cli.main import export_main
-
-    out = tmp_path_factory.mktemp("multi") / "three"
-    args = ["--target", ",".join(TARGETS), "--backend", "onnx", "--out", str(out),
-            "--max-seq-len", "48", "--draft-len", "3", "--no-verify"]  # fmt: skip
-    assert export_main(args) == 0
-    return out
+def multi(multi_bundle: Path) -> Path:
+    """The session's multi-target bundle (``tests/conftest.py``), exported once."""
+    return multi_bundle
 
 
 def _manifest(bundle: Path) -> dict:

@@ -74,20 +74,6 @@ def test_no_ort_writes_no_mobile_copy_and_says_so(tmp_path: Path) -> None:
         assert onnx_facts["ort_mobile_skipped"] == "not asked for (--no-ort)"
 
 
-def _has_vnni() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True  # not Linux: let the test run
-    return "vnni" in flags or "amx" in flags
-
-
-@pytest.mark.skipif(
-    not _has_vnni(),
-    reason="w8a8 (MatMulInteger) loses accuracy on AVX2 CPUs without VNNI: tiny-qwen2 top-1 "
-    "0.73, Qwen2.5-Coder-1.5B 0.878 against 0.93 on a VNNI machine (docs/results/decoding.md); "
-    "the export's gate refuses it there, as it should",
-)
 def test_each_role_gets_its_own_recipe(tmp_path: Path) -> None:
     """``--quantization w8a8,int8``: a batch-invariant w8a8 target (cheap
     verification) beside an int8 drafter, each verified under its own recipe."""

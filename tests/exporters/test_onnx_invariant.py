@@ -13,7 +13,7 @@ from omnidraft_deploy.exporters.exportable import graph_info
 from omnidraft_deploy.exporters.verify import verify_artifact
 
 from omnidraft_deploy.bundle.graph_contract import CacheIO, ExplicitCacheGraph, contiguous_positions
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import get_recipe
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import build_model

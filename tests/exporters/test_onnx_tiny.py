@@ -12,7 +12,7 @@ import torch
 from omnidraft_deploy.exporters.exportable import graph_info, input_names, output_names
 from omnidraft_deploy.exporters.verify import ExportVerificationError, verify_artifact
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import get_recipe
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.reference.model import Transformer, build_model

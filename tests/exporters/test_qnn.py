@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 

@@ -22,7 +22,8 @@ import torch
 from mutations import reseal, small_mapper
 
 from omnidraft_deploy.bundle.files import file_entry
-from omnidraft_deploy.bundle.manifest import FileEntry, GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import Manifest
+from omnidraft_deploy.bundle.sections import FileEntry, GraphInfo
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_bytes
 from omnidraft_deploy.vocab import io as odvm

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _SYNTHETIC_EXPORT = """
 import sys, random
 from pathlib import Path
-from omnidraft_deploy.bundle.manifest import GraphInfo, Manifest
+from omnidraft_deploy.bundle.manifest import Manifest
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.bundle.folder import atomic_bundle_dir
 from omnidraft_deploy.bundle.files import file_entry
 from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidraft_deploy.bundle.manifest import GraphInfo
+from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.presets import Family, ModelSpec, Role, Source
 from omnidraft_deploy.reference.model import Transformer, build_model
 

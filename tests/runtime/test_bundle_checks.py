@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from runtime_helpers import cached_onnx
 
-from omnidraft_deploy.bundle.manifest import BundleError, GraphInfo
+from omnidraft_deploy.bundle.manifest import BundleError
+from omnidraft_deploy.bundle.sections import GraphInfo
 
 pytest.importorskip("onnxruntime")
 

@@ -7,7 +7,7 @@ import java.io.OutputStream;
 
 /**
  * Command line used by tests/e2e/test_android_java.py: {@code dump FILE}, {@code rewrite IN OUT},
- * {@code verify BUNDLE_DIR}, {@code vocabmap FILE}, {@code encode TOKENIZER_DIR TEXT}. Errors print the message to stderr and exit with status 1.
+ * {@code verify BUNDLE_DIR [TARGET]}, {@code vocabmap FILE}, {@code encode TOKENIZER_DIR TEXT}. Errors print the message to stderr and exit with status 1.
  */
 public final class Cli {
     private Cli() {}
@@ -39,8 +39,8 @@ public final class Cli {
             try (OutputStream out = new FileOutputStream(args[2])) {
                 out.write(data);
             }
-        } else if (verb.equals("verify") && args.length == 2) {
-            System.out.println(Bundle.open(new File(args[1])).summary());
+        } else if (verb.equals("verify") && (args.length == 2 || args.length == 3)) {
+            System.out.println(Bundle.open(new File(args[1]), args.length == 3 ? args[2] : null).summary());
         } else if (verb.equals("vocabmap") && args.length == 2) {
             VocabMap m = VocabMap.readFile(new File(args[1]));
             System.out.println("drafter_vocab=" + m.draftVocabSize + " target_vocab=" + m.targetVocabSize
@@ -49,7 +49,7 @@ public final class Cli {
         } else if (verb.equals("encode") && args.length == 3) {
             System.out.println(java.util.Arrays.toString(Tokenizer.load(new File(args[1])).encode(args[2])));
         } else {
-            throw new IllegalArgumentException("usage: dump FILE | rewrite IN OUT | verify BUNDLE_DIR | vocabmap FILE | encode TOKENIZER_DIR TEXT");
+            throw new IllegalArgumentException("usage: dump FILE | rewrite IN OUT | verify BUNDLE_DIR [TARGET] | vocabmap FILE | encode TOKENIZER_DIR TEXT");
         }
     }
 }

@@ -6,9 +6,16 @@ import java.nio.charset.StandardCharsets;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
-/** Reads manifest.json and verifies every listed file (presence, size, sha256) with the JDK only. */
+/**
+ * Reads manifest.json and verifies every listed file (presence, size, sha256) with the JDK only.
+ * Schema 1: one drafter and one target ("graphs"). Schema 2: one drafter ("graphs") and 2 to
+ * {@link #MAX_TARGETS} targets ("targets": name -> graph, mapping_hash, vocab_map, ngram_cache,
+ * tokenizer, expected); {@link BundleManifest#select} picks one.
+ */
 public final class ManifestReader {
-    public static final int SCHEMA_VERSION = 1;
+    public static final int SCHEMA_VERSION = 2; // the newest schema this reader reads
+    public static final int MULTI_TARGET_VERSION = 2;
+    public static final int MAX_TARGETS = 64;
     public static final String FORMAT = "omnidraft-bundle";
     public static final String MANIFEST_NAME = "manifest.json";
 
@@ -48,12 +55,24 @@ public final class ManifestReader {
                 throw new BundleException(file.getPath(), "sha256 mismatch with manifest (corrupted or replaced)");
             }
         }
-        for (BundleManifest.Graph g : new BundleManifest.Graph[] {manifest.drafter, manifest.target}) {
-            if (!manifest.files().containsKey(g.file)) {
-                throw new BundleException(new File(bundleDir, MANIFEST_NAME).getPath(), "graph " + g.file + " not in files");
+        String source = new File(bundleDir, MANIFEST_NAME).getPath();
+        listed(manifest, manifest.drafter.file, "graph", source);
+        if (manifest.target != null) {
+            listed(manifest, manifest.target.file, "graph", source);
+        }
+        for (Map.Entry<String, BundleManifest.Target> t : manifest.targets().entrySet()) {
+            BundleManifest.Target target = t.getValue();
+            for (String rel : new String[] {target.graph.file, target.vocabMap, target.ngramCache, target.expected}) {
+                listed(manifest, rel, "target " + t.getKey() + ": file", source);
             }
         }
         return manifest;
+    }
+
+    private static void listed(BundleManifest manifest, String rel, String what, String source) throws BundleException {
+        if (!manifest.files().containsKey(rel)) {
+            throw new BundleException(source, what + " " + rel + " not in files");
+        }
     }
 
     @SuppressWarnings("unchecked")
@@ -68,20 +87,52 @@ public final class ManifestReader {
             throw new BundleException(source, "schema_version " + version + " is newer than this reader ("
                     + SCHEMA_VERSION + "); update the app");
         }
+        int schema = ((Long) version).intValue();
         Map<String, Object> graphs = object(m, "graphs");
+        Map<String, BundleManifest.Target> targets = targets(m, schema);
+        if (targets.isEmpty() != graphs.containsKey("target")) {
+            throw new IllegalArgumentException("\"graphs\" holds the drafter and, in a schema 1 manifest only, the target");
+        }
         Map<String, BundleManifest.FileEntry> files = new LinkedHashMap<>();
         Map<String, Object> listed = object(m, "files");
         for (String rel : listed.keySet()) {
             Map<String, Object> e = object(listed, rel);
             files.put(rel, new BundleManifest.FileEntry(string(e, "sha256"), integer(e, "size"), string(e, "role")));
         }
-        BundleManifest out = new BundleManifest(((Long) version).intValue(), string(m, "backend"),
-                (int) integer(m, "draft_len"), graph(object(graphs, "drafter")), graph(object(graphs, "target")), files);
+        BundleManifest.Graph target = targets.isEmpty() ? graph(object(graphs, "target")) : null;
+        BundleManifest out = new BundleManifest(schema, string(m, "backend"), (int) integer(m, "draft_len"),
+                graph(object(graphs, "drafter")), target, files, targets);
         if (m.get("mapping_hash") instanceof String) {
             out.mappingHash = (String) m.get("mapping_hash");
         }
         if (m.get("extras") instanceof Map) {
             out.extras = object(m, "extras");
+        }
+        return out;
+    }
+
+    /** Schema 2's "targets" (absent: none); a schema 1 manifest that has them is refused. */
+    private static Map<String, BundleManifest.Target> targets(Map<String, Object> m, int schema) {
+        Map<String, BundleManifest.Target> out = new LinkedHashMap<>();
+        if (!m.containsKey("targets")) {
+            if (schema >= MULTI_TARGET_VERSION) {
+                throw new IllegalArgumentException("\"targets\" missing from a schema " + schema + " manifest");
+            }
+            return out;
+        }
+        Map<String, Object> listed = object(m, "targets");
+        if (schema < MULTI_TARGET_VERSION || listed.size() < 2 || listed.size() > MAX_TARGETS) {
+            throw new IllegalArgumentException("\"targets\": 2 to " + MAX_TARGETS + " targets in a schema "
+                    + MULTI_TARGET_VERSION + " manifest, got " + listed.size() + " in schema " + schema);
+        }
+        for (String name : listed.keySet()) {
+            Map<String, Object> t = object(listed, name);
+            if (!("targets/" + name + "/" + BundleManifest.TARGET_TOKENIZER).equals(t.get("tokenizer"))) {
+                throw new IllegalArgumentException("\"targets\": target " + name + " has its tokenizer in targets/"
+                        + name + "/" + BundleManifest.TARGET_TOKENIZER + ", not " + t.get("tokenizer"));
+            }
+            out.put(name, new BundleManifest.Target(graph(object(t, "graph")), string(t, "mapping_hash"),
+                    string(t, "vocab_map"), string(t, "ngram_cache"), string(t, "tokenizer"), string(t, "expected")));
         }
         return out;
     }

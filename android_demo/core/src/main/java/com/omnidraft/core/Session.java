@@ -8,9 +8,11 @@ import java.io.IOException;
  * target tokenizer, warm n-gram cache (the session file next to the bundle when one was saved),
  * draft-length policy from the manifest, greedy speculative decoding, streaming text, and the
  * atomic save of the grown cache. The app supplies only the two CausalLm implementations.
+ * A multi-target bundle's target is chosen by name; each target keeps its own session cache
+ * ({@code cacheDir/targets/NAME}, as the Python runtime's per-target state folder).
  */
 public final class Session {
-    public static final String VOCAB_MAP = "vocab_map.bin";
+    public static final String VOCAB_MAP = BundleManifest.VOCAB_MAP;
     public static final String SESSION_CACHE = "ngram_cache.session.bin";
 
     /** Opens one graph of the bundle (ExecuTorch or ONNX Runtime on the phone). */
@@ -27,16 +29,28 @@ public final class Session {
 
     /** cacheDir: a writable folder for the session cache (the app's files folder). */
     public Session(File bundleDir, File cacheDir, ModelLoader loader, int maxNewTokens) throws IOException {
-        bundle = Bundle.open(bundleDir);
+        this(bundleDir, null, cacheDir, loader, maxNewTokens);
+    }
+
+    /** targetName: which target of a multi-target bundle (null: the only one). */
+    public Session(File bundleDir, String targetName, File cacheDir, ModelLoader loader, int maxNewTokens)
+            throws IOException {
+        bundle = Bundle.open(bundleDir, targetName);
         BundleManifest m = bundle.manifest;
-        map = VocabMap.readFile(new File(bundleDir, VOCAB_MAP));
+        BundleManifest.Target parts = m.parts();
+        File mapFile = bundle.file(parts.vocabMap);
+        map = VocabMap.readFile(mapFile);
         if (map.draftVocabSize > m.drafter.vocabSize || map.targetVocabSize > m.target.vocabSize) {
-            throw new FormatException(new File(bundleDir, VOCAB_MAP).getPath(), "vocabulary sizes ("
+            throw new FormatException(mapFile.getPath(), "vocabulary sizes ("
                     + map.draftVocabSize + ", " + map.targetVocabSize + ") exceed the graphs' (" + m.drafter.vocabSize
                     + ", " + m.target.vocabSize + ")");
         }
-        tokenizer = Tokenizer.load(new File(bundleDir, "target_tokenizer"));
-        cacheFile = new File(cacheDir, SESSION_CACHE);
+        tokenizer = Tokenizer.load(bundle.file(parts.tokenizer));
+        File state = m.targets().isEmpty() ? cacheDir : new File(new File(cacheDir, "targets"), bundle.targetName);
+        if (!state.isDirectory() && !state.mkdirs()) {
+            throw new IOException(state.getPath() + ": cannot create the target's session folder");
+        }
+        cacheFile = new File(state, SESSION_CACHE);
         NGramCacheFile warm = cacheFile.isFile() ? NGramCacheFormat.readFile(cacheFile) : bundle.ngramCache;
         if (warm.draftVocabSize != map.draftVocabSize || warm.targetVocabSize != map.targetVocabSize) {
             throw new NGramFormatException(cacheFile.getPath(), "built for vocabularies " + warm.draftVocabSize + "/"

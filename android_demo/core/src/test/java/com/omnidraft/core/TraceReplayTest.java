@@ -23,6 +23,11 @@ import org.junit.Test;
  * <p>Vocabulary maps: a trace's own {@code vocab_map} file, else
  * -Domnidraft.maps=DIR/DRAFTER--TARGET.vocab_map.bin written by the Python test from the same
  * builder. Tokenizers (prompt encoding, text): -Domnidraft.tokenizers=DIR/NAME/.
+ *
+ * <p>A multi-target trace ({@code "targets"}: one trace per target, all on one drafter) is
+ * replayed target by target from ONE multi-target bundle, -Domnidraft.multibundle=DIR (the tests'
+ * bundle of those presets and settings): each target is selected by name ({@link Bundle#open}), and
+ * its vocabulary map and tokenizer are the files the bundle ships for it.
  */
 public class TraceReplayTest {
     @Test
@@ -33,15 +38,48 @@ public class TraceReplayTest {
         assertTrue("no traces in " + traces, files != null && files.length > 0);
         Arrays.sort(files);
         for (File f : files) {
-            replay(f, traces);
+            Map<String, Object> t = Golden.json(f);
+            if (t.containsKey("targets")) {
+                replayMulti(t);
+            } else {
+                replay(t, vocabMap(t, traces), Golden.tokenizer((String) t.get("target_tokenizer")));
+            }
         }
     }
 
-    private static void replay(File file, File traces) throws IOException {
-        Map<String, Object> t = Golden.json(file);
+    /** Each target's trace, its map and tokenizer from one multi-target bundle (class comment). */
+    private static void replayMulti(Map<String, Object> t) throws IOException {
         String name = (String) t.get("name");
-        VocabMap map = vocabMap(t, traces);
-        Tokenizer tok = Golden.tokenizer((String) t.get("target_tokenizer"));
+        File dir = Golden.dir("omnidraft.multibundle");
+        if (dir == null) {
+            System.out.println("multi-target trace " + name + ": skipped (-Domnidraft.multibundle not given)");
+            return;
+        }
+        Map<String, Object> settings = ByteLevelBpe.asMap(t.get("bundle"), "bundle");
+        List<String> names = new ArrayList<>();
+        for (Object o : ByteLevelBpe.asList(t.get("targets"), "targets")) {
+            Map<String, Object> sub = ByteLevelBpe.asMap(o, "target trace");
+            String target = (String) sub.get("target");
+            Bundle b = Bundle.open(dir, target);
+            BundleManifest m = b.manifest;
+            String where = name + " " + target;
+            assertEquals(where + ": drafter", t.get("drafter"), m.drafter.preset);
+            assertEquals(where + ": drafter vocab", num(sub, "drafter_model_vocab"), m.drafter.vocabSize);
+            assertEquals(where + ": max_seq_len", num(settings, "max_seq_len"), m.drafter.maxSeqLen);
+            assertEquals(where + ": target vocab", num(sub, "target_model_vocab"), m.target.vocabSize);
+            assertEquals(where + ": target max_seq_len", num(sub, "target_max_seq_len"), m.target.maxSeqLen);
+            assertEquals(where + ": draft_len", num(sub, "draft_len"), m.draftLen);
+            assertEquals(where + ": mapping hash", sub.get("mapping_hash"), m.mappingHash);
+            VocabMap map = VocabMap.readFile(b.file(m.parts().vocabMap));
+            replay(sub, map, Tokenizer.load(b.file(m.parts().tokenizer)));
+            names.add(target);
+        }
+        System.out.println("multi-target trace " + name + ": targets " + String.join(", ", names)
+                + " replayed from one bundle (drafter " + t.get("drafter") + ")");
+    }
+
+    private static void replay(Map<String, Object> t, VocabMap map, Tokenizer tok) throws IOException {
+        String name = (String) t.get("name");
         if (map == null || tok == null) {
             System.out.println("trace " + name + ": skipped (vocabulary map or tokenizer files not given)");
             return;

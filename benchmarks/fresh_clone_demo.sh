@@ -11,8 +11,9 @@
 # and the cache's derived/ folder (dequantised GGUF weights, tokenizer files, vocabulary maps)
 # start empty, so every first-run cost is paid; only the downloaded assets are reused (the cache's
 # assets/ folder, linked: `make demo` fetches the two GGUFs, 570 MB, when they are missing).
-# Run it alone (on this project's shared machine: under /work/tools/quiet.sh and the big-memory
-# flock). The clone and its caches are deleted at the end.
+# Each recipe line's wall time is printed after it ("fresh_clone_demo: step ... s": make runs its
+# lines through a timing shell). Run it alone (on this project's shared machine: under
+# /work/tools/quiet.sh and the big-memory flock). The clone and its caches are deleted at the end.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 repo=${1:-$here}
@@ -30,9 +31,17 @@ export OMNIDRAFT_CACHE="$d/cache" OMNIDRAFT_STATE="$d/state"
 export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" OMNIDRAFT_WORKTREE="$PWD"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores;" \
      "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+cat > "$d/timed-shell" <<'SH'
+#!/bin/bash
+t0=$(date +%s.%N); rc=0; /bin/bash "$@" || rc=$?
+printf 'fresh_clone_demo: step %5.1f s: %.70s\n' "$(echo "$(date +%s.%N) - $t0" | bc)" \
+  "$(echo "${@: -1}" | tr -s ' \n\\' ' ')" >&2
+exit $rc
+SH
+chmod +x "$d/timed-shell"
 start=$(date +%s.%N)
 rc=0
-make demo || rc=$?
+make demo SHELL="$d/timed-shell" || rc=$?
 end=$(date +%s.%N)
 echo "fresh_clone_demo: make demo exit $rc, wall $(echo "$end - $start" | bc) s;" \
      "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

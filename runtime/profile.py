@@ -10,6 +10,13 @@ The per-call latencies come from ``omnidraft_deploy.host.profile.measure``. The 
 (``CostProfile.overhead_ms``) is measured where it is paid: a short real decode of the bundle's
 own graphs, mapper and tokenizer (``measure_host_overhead``), wall time minus the time inside the
 target and drafter calls, so the figure the cost model charges is the one the loop pays.
+
+The target's latencies deep into a prompt are timed at a second KV length, 3/4 of
+``max_seq_len`` (``host.profile.default_far_context``) capped at ``FAR_SLOTS``; the cost model
+extends the slope between the two lengths linearly (``CostProfile.target_at``). Uncapped, a
+4,096-slot bundle (the default context since issue 28) timed its calls after a 3,072-token prefill:
+the first ``run`` of ``make demo`` spent 213 s of its 250 s measuring (cProfile, a 2-core
+machine at load ~3).
 """
 
 from __future__ import annotations
@@ -28,7 +35,13 @@ from typing import Any
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
 from omnidraft_deploy.bundle.targets import parts
-from omnidraft_deploy.host.profile import Progress, load_profile, measure, save_profile
+from omnidraft_deploy.host.profile import (
+    Progress,
+    default_far_context,
+    load_profile,
+    measure,
+    save_profile,
+)
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
@@ -41,6 +54,7 @@ log = logging.getLogger(__name__)
 # steps it times carry proposals of every length the fixed policy makes)
 _HOST_PROMPT = "def is_palindrome(text: str) -> bool:\n    cleaned = [c.lower() for c in text"
 HOST_STEPS_TOKENS = 24  # new tokens per in-loop repetition
+FAR_SLOTS = 512  # the longest KV length the profile times the target at (module docstring)
 
 
 def cpu_model() -> str:
@@ -96,8 +110,10 @@ def measure_bundle(bundle: OpenBundle, *, k_max: int = 8, reps: int = 7,
     one per graph of ``others`` (more drafters timed against the same target calls)."""
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
     k_max = max(1, min(k_max, cap // 4 - 1))  # small test bundles: every call must fit
+    context = min(64, cap // 4)
+    far = min(default_far_context(bundle.target, context, k_max), FAR_SLOTS)
     profs = measure(bundle.target, {"drafter": bundle.drafter, **(others or {})}, k_max=k_max,
-                    reps=reps, context=min(64, cap // 4), progress=progress)  # fmt: skip
+                    reps=reps, context=context, far_context=far, progress=progress)  # fmt: skip
     host, stamp = measure_host_overhead(bundle), fingerprint(bundle)
     return {
         n: dataclasses.replace(p, overhead_ms=host, fingerprint=stamp) for n, p in profs.items()

@@ -9,6 +9,7 @@ Layout (GGUF v2/v3, little-endian; https://github.com/ggml-org/ggml/blob/master/
     "GGUF" u32 version  u64 n_tensors  u64 n_kv
     n_kv x   (string key, u32 value_type, value)       string = u64 length + UTF-8 bytes
     n_tensors x (string name, u32 n_dims, u64 dims[n_dims], u32 ggml_type, u64 offset)
+    padding to ``general.alignment`` (default 32), then the tensor data (offsets relative to it)
 
 value types: 0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 7 bool, 8 string,
 9 array (u32 item type, u64 count, items), 10 u64, 11 i64, 12 f64.
@@ -34,6 +35,7 @@ class GGUFHeader:
     path: Path
     fields: dict[str, Any]  # key -> int / float / bool / str / list
     tensors: dict[str, tuple[int, ...]]  # tensor name -> dims as GGUF stores them (ne0 first)
+    layout: dict[str, tuple[int, int]]  # tensor name -> (ggml type, absolute offset of its data)
 
     @property
     def architecture(self) -> str:
@@ -137,10 +139,16 @@ def _parse(c: _Cursor) -> GGUFHeader:
         (vtype,) = c.unpack("<I")
         fields[key] = c.value(vtype)
     tensors: dict[str, tuple[int, ...]] = {}
+    relative: dict[str, tuple[int, int]] = {}
     for _ in range(n_tensors):
         name = c.string()
         (n_dims,) = c.unpack("<I")
         dims = c.unpack(f"<{n_dims}Q")
-        c.unpack("<IQ")  # ggml type (u32) + data offset (u64)
         tensors[name] = tuple(int(d) for d in dims)
-    return GGUFHeader(c.path, fields, tensors)
+        relative[name] = c.unpack("<IQ")  # ggml type (u32) + data offset (u64)
+    align = fields.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise ValueError(f"{c.path}: general.alignment {align!r} is not a power of two")
+    start = -(-c.pos // align) * align
+    layout = {name: (int(t), start + int(off)) for name, (t, off) in relative.items()}
+    return GGUFHeader(c.path, fields, tensors, layout)

@@ -47,25 +47,24 @@ class GGUFVocab:
 
 
 def read_gguf_vocab(path: str | Path) -> GGUFVocab:
-    """Read only the tokenizer key/values of a GGUF (memory-mapped; fast even for models)."""
-    gguf = require("gguf")
+    """Read only the tokenizer key/values of a GGUF (``gguf_meta``'s header reader: well under a
+    second for a model's 150k-token tables, where ``gguf.GGUFReader`` takes 5-18 s)."""
+    from omnidraft_deploy.vocab.gguf_meta import read_gguf_header
+
     path = Path(path)
     try:
-        fields = gguf.GGUFReader(str(path)).fields
+        fields = read_gguf_header(path).fields
     except (ValueError, OSError) as e:
         raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
 
     def strings(key: str) -> tuple[str, ...]:
-        f = fields.get(key)
-        return () if f is None else tuple(bytes(f.parts[i]).decode("utf-8") for i in f.data)
+        return tuple(str(x) for x in fields.get(key, ()))
 
     def numbers(key: str) -> tuple[Any, ...]:
-        f = fields.get(key)
-        return () if f is None else tuple(x for i in f.data for x in f.parts[i].tolist())
+        return tuple(fields.get(key, ()))
 
     def scalar(key: str) -> Any:
-        f = fields.get(key)
-        return None if f is None else f.contents()
+        return fields.get(key)
 
     if "tokenizer.ggml.tokens" not in fields:
         raise ValueError(f"{path}: GGUF has no tokenizer.ggml.tokens table")

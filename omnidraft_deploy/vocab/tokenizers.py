@@ -50,6 +50,7 @@ from typing import Any
 
 from omnidraft_deploy.catalog import assets
 from omnidraft_deploy.vocab import gguf_vocab as gv
+from omnidraft_deploy.vocab.gguf_meta import read_gguf_header
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +268,8 @@ def _gguf_chat_template(asset: str) -> str | None:
     a, src = assets.get_asset(asset), assets.asset_path(asset)
 
     def build() -> bytes:
-        field = gv.require("gguf").GGUFReader(str(src)).fields.get("tokenizer.chat_template")
-        return b"" if field is None else str(field.contents()).encode("utf-8")
+        template = read_gguf_header(src).fields.get("tokenizer.chat_template")
+        return b"" if template is None else str(template).encode("utf-8")
 
     path = _derived("template", src, a.sha256, "chat_template.jinja", build)
     return path.read_text(encoding="utf-8") or None

@@ -57,3 +57,16 @@ def test_run_profiles_once_per_bundle_and_machine(
     run_bundle(open_bundle(bundle, state=state), ids, max_new_tokens=4, state=state)
     assert len(measured) == 3
     assert CostProfile.load(state / PROFILE_FILE).fingerprint == prof.fingerprint
+
+
+def test_far_context_is_capped(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target is timed deep into a prompt at 3/4 of max_seq_len, at most ``FAR_SLOTS``
+    (a 4,096-slot bundle timed its calls after a 3,072-token prefill: minutes)."""
+    from omnidraft_deploy.runtime import profile as rp
+    from omnidraft_deploy.runtime.bundle import open_bundle
+
+    opened = open_bundle(bundle)
+    assert rp.measure_bundle(opened, k_max=3, reps=1)["drafter"].far_context == 72  # 3/4 of 96
+    monkeypatch.setattr(rp, "FAR_SLOTS", 50)
+    prof = rp.measure_bundle(opened, k_max=3, reps=1)["drafter"]
+    assert (prof.context, prof.far_context) == (24, 50) and len(prof.target_ms_far) == 4

@@ -6,7 +6,7 @@ times the steps). Needs ``kv_slots prepare`` first.
 
 Per engine, one process (one model, as in ``kv_slots time``): a throwaway cache takes a prompt of
 the longest C and a step first (ORT's arena and GenAI's first-call buffers grow there), then
-per S, a fresh cache: resident memory (``VmRSS``) before it exists, and after a C-token prompt
+per S, a fresh cache: resident memory (``exporters.memory.current_rss_mb``) before it exists, and after a C-token prompt
 and one decode step, for each C of ``--contexts`` in turn (the same cache; C grows). The
 difference is what that cache made resident. Writes ``reports/kv_slots/kv_slots_rss.{json,md}``.
 """
@@ -18,15 +18,10 @@ import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
+from omnidraft_deploy.exporters.memory import current_rss_mb
+
 from benchmarks.common.report import meta_lines, run_meta, write_report
 from benchmarks.kv_slots import _engines, engines, kv_mib
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("/proc/self/status has no VmRSS line")
 
 
 def _measure(kind: str, path: str, slots: list[int], contexts: list[int], threads: int,
@@ -39,10 +34,10 @@ def _measure(kind: str, path: str, slots: list[int], contexts: list[int], thread
     found[warm].steps([(i * 7877) % 1000 + 100 for i in range(max(contexts))], 1)
     out = {}
     for s in slots:
-        before = rss_mib()
+        before = current_rss_mb()
         for c in contexts:
             found[s].steps([(i * 7919) % 1000 + 100 for i in range(c)], 1)
-            out[f"{s}|{c}"] = round(rss_mib() - before, 1)
+            out[f"{s}|{c}"] = round(current_rss_mb() - before, 1)
     conn.send(out)
 
 
@@ -65,7 +60,7 @@ def to_markdown(r: dict[str, Any]) -> str:
     ctxs = sorted({x["context"] for x in r["rows"]})
     lines = [f"# Resident MiB a KV cache of S slots adds: {r['model']} {r['precision']}", "",
              *meta_lines(r["meta"]),
-             "VmRSS after a C-token prompt and one decode step, minus VmRSS before the cache "
+             "Resident memory after a C-token prompt and one decode step, minus that before the cache "
              "existed (after a warm-up on another cache). KV MiB: fp32 K + V at S slots.", "",
              "| engine | slots S | KV MiB | " + " | ".join(f"ctx {c}" for c in ctxs) + " |",
              "|---|---|---|" + "---|" * len(ctxs)]  # fmt: skip

@@ -67,9 +67,9 @@ def adapted_weights(root: Path, manifest: Manifest, state: Path | None) -> Draft
                                 drafter_sha256=manifest.files[drafter_file].sha256)  # fmt: skip
 
 
-def _swapped(root: Path, manifest: Manifest, weights: DrafterWeights, source: Path) -> bytes:
-    """The shared drafter graph's bytes with ``weights`` in its initializers (names checked)."""
-    proto = _graph(root, manifest)
+def _swapped(proto: Any, weights: DrafterWeights, source: Path) -> bytes:
+    """The shared drafter graph ``proto``'s bytes with ``weights`` in its initializers (names
+    checked; ``proto`` itself is left as it is)."""
     shapes = {i.name: tuple(i.dims) for i in proto.graph.initializer if i.data_type == 1}
     check_names(source, weights, shapes)  # data_type 1: FLOAT
     model = swap_initializers(proto, {n: n for n in weights.tensors}, weights.tensors)
@@ -85,8 +85,12 @@ def adapted_drafter(
     if provider != "cpu":
         raise ValueError(f"{source}: adapted drafter weights run on the cpu provider only, not "
                          f"{provider!r}; delete the file to run the shared drafter there")  # fmt: skip
+    return _session(root, manifest, _swapped(_graph(root, manifest), weights, source), threads)
+
+
+def _session(root: Path, manifest: Manifest, data: bytes, threads: int | None) -> OrtModel:
+    """An ONNX Runtime CPU model of the drafter graph bytes ``data``."""
     info = manifest.graphs["drafter"]
-    data = _swapped(root, manifest, weights, source)
     return collapse_later(lambda: OrtModel(root / info.file, info, session=cpu_session(
         data, threads=threads, spinning=RUNTIME_SPIN)))  # fmt: skip
 
@@ -98,13 +102,14 @@ def publish_target_weights(
     after checking the swapped shared graph against ``drafter`` on a probe; returns the file."""
     info = manifest.graphs["drafter"]
     params = dict(drafter.named_parameters())
-    binding = bind_weights(_graph(root, manifest), list(params), param_aliases(drafter))
+    proto = _graph(root, manifest)  # read once: bound here, swapped for the check below
+    binding = bind_weights(proto, list(params), param_aliases(drafter))
     tensors = {init: params[name] for name, init in binding.items()}
     weights = DrafterWeights({n: t.detach().float() for n, t in tensors.items()},
                              {init: name for name, init in binding.items()}, selected(manifest),
                              manifest.files[info.file].sha256)  # fmt: skip
     path = state / ADAPTED_DRAFTER
-    runtime = adapted_drafter(root, manifest, weights, state, threads=1)
+    runtime = _session(root, manifest, _swapped(proto, weights, path), threads=1)
     ids = torch.arange(1, 1 + min(PROBE, info.max_seq_len)) % drafter.args.vocab_size
     with torch.no_grad():
         eager = drafter.eval().forward_train(ids[None])[0]

@@ -140,3 +140,60 @@ def test_exact_mode_with_lookup_proposals_is_lossless() -> None:
         sources.update(s.source for s in dec.drafter.trace if s.proposed)
     assert sources["lookup"] > 100, sources
     assert chi_square_z(*chi_square(counts, truth)) < 4.0
+
+
+class _ScriptedLookup(LookupProposer):
+    """A lookup that always proposes ``ids`` (match length 2), whatever the context."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(LookupConfig(keep_history=False))
+        self.ids = ids
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        return self.ids[:k], 2
+
+
+def test_hybrid_scores_lookup_candidates_on_model_steps() -> None:
+    """The lookup EMA learns from the committed ids on every step, also when the model drafted:
+    a candidate the target never follows drops below the prior without ever being chosen, and
+    one it always follows climbs and is then chosen (``HybridProposer._score_lookup``)."""
+    tt, mapper, target, drafter = _pair()
+    cfg = DecodeConfig(max_new_tokens=24)
+    ids = tt.encode("ab ca ab ca ab")
+    ref, _ = generate_target_only(target, ids, cfg)
+    wrong = next(t for t in range(tt.vocab_size) if t not in ref)  # never a target token here
+    dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(CHEAP, 4), NGramCache(),
+                             config=cfg, lookup=_ScriptedLookup([wrong] * 4),
+                             profile=CHEAP)  # fmt: skip
+    hybrid = dec.drafter
+    assert isinstance(hybrid, HybridProposer)
+    assert dec.generate(ids)[0] == ref
+    assert hybrid.lookup_rate[2] < 0.05 < hybrid.prior  # every step scored a rejection
+    assert all(s.source != "lookup" for s in hybrid.trace)
+    # a candidate that is always the target's continuation: learned on model steps, then chosen
+    oracle = _OracleLookup(ref, len(ids))
+    dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(CHEAP, 4), NGramCache(),
+                             config=cfg, lookup=oracle, profile=CHEAP)  # fmt: skip
+    assert dec.generate(ids)[0] == ref
+    assert isinstance(dec.drafter, HybridProposer)
+    assert dec.drafter.lookup_rate[2] > 0.9
+    assert sum(s.source == "lookup" for s in dec.drafter.trace) >= 2
+
+
+class _OracleLookup(LookupProposer):
+    """Proposes the target's own greedy continuation (``ref``) from the current position."""
+
+    def __init__(self, ref: list[int], n_prompt: int) -> None:
+        super().__init__(LookupConfig(keep_history=False))
+        self.ref, self.n_prompt, self.pos = ref, n_prompt, 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
+        self.pos = 0
+
+    def extend(self, ids: list[int]) -> None:
+        super().extend(ids)
+        self.pos += len(ids)
+
+    def propose(self, k: int) -> tuple[list[int], int]:
+        return self.ref[self.pos : self.pos + k], 2

@@ -14,7 +14,8 @@
   target-only), the smallest top-1/top-2 gap of the 1-token rows.
 - ``speed``: decode tok/s (64 greedy 1-token calls after each of 3 prompts, median per-call time)
   of each bundle's target graph through the runtime's ``OrtModel``, ``--threads`` intra-op threads,
-  no spinning; the load average beside the figures.
+  no spinning; with ``--gguf``, llama.cpp's plain decode of that GGUF in the same run (the same
+  prompts, the median time between two generated tokens); the load average beside the figures.
 """
 
 from __future__ import annotations
@@ -126,6 +127,25 @@ def speed(bundle: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
             "decode_tok_s": 1.0 / statistics.median(per_call), "calls": len(per_call)}  # fmt: skip
 
 
+def llamacpp_speed(gguf: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
+    """llama.cpp's decode tok/s on ``gguf`` as ``speed`` measures ours (``llama-cpp-python``)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)  # fmt: skip
+    per_call: list[float] = []
+    for text in texts(3):
+        stamps: list[float] = []
+        for _ in llm.generate(llm.tokenize(text.encode()), temp=0.0, top_k=1, reset=True):
+            stamps.append(time.perf_counter())  # a token: one eval + greedy pick since the last
+            if len(stamps) > tokens:
+                break
+        per_call += [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return {"bundle": f"llama.cpp {gguf.name}", "quantization": "gguf (as stored)",
+            "graph_bytes": gguf.stat().st_size,
+            "decode_tok_s": 1.0 / statistics.median(per_call), "calls": len(per_call)}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=["top1", "rows", "speed"])
@@ -135,6 +155,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--gguf", type=Path, help="speed: also time llama.cpp's decode of this GGUF")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load0, t0 = os.getloadavg(), time.time()
@@ -144,6 +165,7 @@ def main() -> None:
         result = [rows(b, a.prompts, a.width, a.tokens, a.threads) for b in a.bundle]
     else:
         result = [speed(b, a.threads) for b in a.bundle]
+        result += [llamacpp_speed(a.gguf, a.threads)] if a.gguf else []
     rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     meta = {"command": "benchmarks/gguf_bundle.py " + " ".join(os.sys.argv[1:]),  # type: ignore[attr-defined]
             "git": rev.strip(), "seconds": round(time.time() - t0, 1), "threads": a.threads,

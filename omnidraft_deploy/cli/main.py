@@ -221,6 +221,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.chat:
         sys.stdout.write(prompt)
     ids = tok.encode(text)
+    if args.stats:  # time both decodes on settled memory (host.pages_later)
+        from omnidraft_deploy.host.pages_later import settle
+
+        settle()
     out, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
                             generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     stream.finish()

@@ -6,7 +6,9 @@ notes the process's anonymous mappings, builds the session, and hands the collap
 a daemon thread, so decoding starts at once and gets faster as the pages move
 (``MADV_COLLAPSE`` copies live pages; their contents never change, so the session may run
 meanwhile). ``omnidraft profile`` and the benchmarks keep the synchronous ``on_huge_pages``: they
-measure sessions whose pages have settled.
+measure sessions whose pages have settled; ``run --stats`` waits for them (``settle``) before
+it times the speculative decode against target-only, which otherwise would run on settled pages
+while the first decode paid for the move.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,6 +24,7 @@ from omnidraft_deploy.host.hugepages import MAPS, Region, anonymous_regions, col
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_pending: list[threading.Thread] = []  # collapses started by ``collapse_later``, not yet joined
 
 
 def _collapse(regions: set[Region]) -> None:
@@ -38,5 +42,20 @@ def collapse_later(make: Callable[[], T]) -> T:
     before = anonymous_regions(MAPS.read_text())
     built = make()
     grown = anonymous_regions(MAPS.read_text()) - before
-    threading.Thread(target=_collapse, args=(grown,), name="huge-pages", daemon=True).start()
+    thread = threading.Thread(target=_collapse, args=(grown,), name="huge-pages", daemon=True)
+    thread.start()
+    _pending.append(thread)
     return built
+
+
+def settle(timeout: float | None = None) -> float:
+    """Wait for the background collapses started so far (at most ``timeout`` s in all);
+    returns the seconds waited."""
+    t0 = time.perf_counter()
+    while _pending:
+        left = None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
+        _pending[0].join(left)
+        if _pending[0].is_alive():
+            break
+        _pending.pop(0)
+    return time.perf_counter() - t0

@@ -28,3 +28,20 @@ def test_collapse_later_returns_what_make_built_and_collapses_later(
         assert done.wait(10) and isinstance(seen[0], set)
     else:
         assert not done.is_set()
+
+
+@pytest.mark.skipif(not (sys.platform.startswith("linux") and MAPS.is_file()), reason="Linux only")
+def test_settle_waits_for_the_background_collapse(monkeypatch: pytest.MonkeyPatch) -> None:
+    release, finished = threading.Event(), threading.Event()
+
+    def collapse(regions: set[Region]) -> tuple[int, int]:
+        release.wait(10)
+        finished.set()
+        return 0, 0
+
+    monkeypatch.setattr(pages_later, "collapse", collapse)
+    pages_later.collapse_later(lambda: bytearray(8 << 20))
+    assert pages_later.settle(timeout=0.2) >= 0.19 and not finished.is_set()  # still moving
+    release.set()
+    pages_later.settle()
+    assert finished.is_set() and not pages_later._pending

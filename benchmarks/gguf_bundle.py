@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python -m benchmarks.gguf_bundle top1 --bundle B --out F.json
     PYTHONPATH=$PWD python -m benchmarks.gguf_bundle rows --bundle B --out F.json
     /work/tools/quiet.sh python -m benchmarks.gguf_bundle speed --bundle B [B2 ...] --threads 2 --out F.json
+    /work/tools/quiet.sh python -m benchmarks.gguf_bundle prefill --bundle B --gguf G --out F.json
 
 - ``top1``: ``checks.parity.parity`` (the export's verification: prefill, greedy single steps and
   a rollback, every row compared) of the reloaded target graph against the eager fp32 model (the
@@ -16,6 +17,9 @@
   of each bundle's target graph through the runtime's ``OrtModel``, ``--threads`` intra-op threads,
   no spinning; with ``--gguf``, llama.cpp's plain decode of that GGUF in the same run (the same
   prompts, the median time between two generated tokens); the load average beside the figures.
+- ``prefill``: one call over a T-token prompt (T = 16, 64, 128; median of 3 after a warm-up) of
+  each bundle's target graph, and with ``--gguf`` llama.cpp's ``eval`` of the same ids (its
+  ``n_batch`` 512: one batch).
 """
 
 from __future__ import annotations
@@ -127,12 +131,53 @@ def speed(bundle: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
             "decode_tok_s": 1.0 / statistics.median(per_call), "calls": len(per_call)}  # fmt: skip
 
 
-def llamacpp_speed(gguf: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
-    """llama.cpp's decode tok/s on ``gguf`` as ``speed`` measures ours (``llama-cpp-python``)."""
+PREFILL_T = (16, 64, 128)
+
+
+def _prompt(t: int) -> list[int]:
+    return [100 + (i * 37) % 5000 for i in range(t)]  # ordinary ids of both vocabularies
+
+
+def _median_s(call: Any, reps: int = 3) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def prefill(bundle: Path, threads: int) -> dict[str, Any]:
+    target = ort_model(bundle, threads)
+    target.forward(torch.tensor(_prompt(128)), 0)  # warm-up: the widest shape first
+    ms = {t: 1e3 * _median_s(lambda t=t: target.forward(torch.tensor(_prompt(t)), 0))
+          for t in PREFILL_T}  # fmt: skip
+    return {"bundle": str(bundle), "ms_per_token": {t: v / t for t, v in ms.items()}}
+
+
+def llamacpp_prefill(gguf: Path, threads: int) -> dict[str, Any]:
+    llm = _llama(gguf, threads)
+
+    def call(t: int) -> None:
+        llm.reset()
+        llm.eval(_prompt(t))
+
+    call(128)
+    ms = {t: 1e3 * _median_s(lambda t=t: call(t)) for t in PREFILL_T}
+    return {"bundle": f"llama.cpp {gguf.name}", "ms_per_token": {t: v / t for t, v in ms.items()}}
+
+
+def _llama(gguf: Path, threads: int) -> Any:
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)  # fmt: skip
+    return Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                 n_batch=512, verbose=False)  # fmt: skip
+
+
+def llamacpp_speed(gguf: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
+    """llama.cpp's decode tok/s on ``gguf`` as ``speed`` measures ours (``llama-cpp-python``)."""
+    llm = _llama(gguf, threads)
     per_call: list[float] = []
     for text in texts(3):
         stamps: list[float] = []
@@ -148,7 +193,7 @@ def llamacpp_speed(gguf: Path, threads: int, tokens: int = 64) -> dict[str, Any]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["top1", "rows", "speed"])
+    ap.add_argument("what", choices=["top1", "rows", "speed", "prefill"])
     ap.add_argument("--bundle", type=Path, nargs="+", required=True)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--width", type=int, default=5)
@@ -163,9 +208,12 @@ def main() -> None:
         result: Any = [top1(b, a.prompts) for b in a.bundle]
     elif a.what == "rows":
         result = [rows(b, a.prompts, a.width, a.tokens, a.threads) for b in a.bundle]
-    else:
+    elif a.what == "speed":
         result = [speed(b, a.threads) for b in a.bundle]
         result += [llamacpp_speed(a.gguf, a.threads)] if a.gguf else []
+    else:
+        result = [prefill(b, a.threads) for b in a.bundle]
+        result += [llamacpp_prefill(a.gguf, a.threads)] if a.gguf else []
     rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     meta = {"command": "benchmarks/gguf_bundle.py " + " ".join(os.sys.argv[1:]),  # type: ignore[attr-defined]
             "git": rev.strip(), "seconds": round(time.time() - t0, 1), "threads": a.threads,

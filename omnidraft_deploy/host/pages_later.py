@@ -5,8 +5,9 @@
 notes the process's anonymous mappings, builds the session, and hands the collapse of what grew to
 a daemon thread, so decoding starts at once and gets faster as the pages move
 (``MADV_COLLAPSE`` copies live pages; their contents never change, so the session may run
-meanwhile). ``omnidraft profile`` and the benchmarks keep the synchronous ``on_huge_pages``: they
-measure sessions whose pages have settled.
+meanwhile; ``settle`` waits for them, as ``omnidraft serve`` does before it serves). ``omnidraft
+profile`` and the benchmarks keep the synchronous ``on_huge_pages``: they measure sessions whose
+pages have settled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from omnidraft_deploy.host.hugepages import MAPS, Region, anonymous_regions, col
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+THREAD_NAME = "huge-pages"
 
 
 def _collapse(regions: set[Region]) -> None:
@@ -38,5 +40,12 @@ def collapse_later(make: Callable[[], T]) -> T:
     before = anonymous_regions(MAPS.read_text())
     built = make()
     grown = anonymous_regions(MAPS.read_text()) - before
-    threading.Thread(target=_collapse, args=(grown,), name="huge-pages", daemon=True).start()
+    threading.Thread(target=_collapse, args=(grown,), name=THREAD_NAME, daemon=True).start()
     return built
+
+
+def settle(timeout_s: float | None = None) -> None:
+    """Wait until every background collapse started by ``collapse_later`` has finished."""
+    for thread in threading.enumerate():
+        if thread.name == THREAD_NAME:
+            thread.join(timeout_s)

@@ -32,7 +32,7 @@ from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 
 WARM_PROMPT = "def add(a, b):"
-FileIds = dict[str, tuple[int, int, int]]
+FileIds = dict[str, tuple[int, int, int, int]]
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Session:
     tokenizer: Any  # the selected target's tokenizer
     state: Path
     shipped: bytes | None = None  # served: the bundle's n-gram cache as opened (``ngram.format``)
-    file_ids: FileIds | None = None  # served: (size, mtime_ns, inode) of the files and manifest
+    file_ids: FileIds | None = None  # served: (size, mtime, ctime, inode) of every bundle file
 
 
 def target_tokenizer(root: Path, target: str | None) -> Any:
@@ -59,7 +59,7 @@ def _file_ids(root: Path, names: list[str]) -> FileIds:
     ids = {}
     for name in names:
         st = os.stat(root / name, follow_symlinks=False)
-        ids[name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        ids[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return ids
 
 
@@ -87,7 +87,7 @@ def open_session(
 
 
 def changed(session: Session) -> list[str]:
-    """The bundle files whose size, mtime or inode differ from the open's (or that are gone)."""
+    """The bundle files whose size, mtime, ctime or inode differ from the open's (or are gone)."""
     root, before = session.bundle.root, session.file_ids or {}
     try:
         now = _file_ids(root, list(before))

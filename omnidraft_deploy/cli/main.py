@@ -199,14 +199,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     request = _run_request(args)
     state = _state(args.bundle, args.state, args.target)
-    if not args.no_server:  # a resident ``omnidraft serve`` of this bundle answers first
+    trust_record = os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0")
+    if trust_record and not args.no_server:  # a resident ``omnidraft serve`` answers first
         status = run_remote(socket_path(state), request, sys.stdout, sys.stderr)
         if status is not None:
             return status
     from omnidraft_deploy.runtime.session import generate, open_session
 
     session = open_session(args.bundle, provider=args.provider, state=state, target=args.target,
-                           trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
+                           trust_record=trust_record)  # fmt: skip
     generate(session, request, sys.stdout, sys.stderr)
     return 0
 

@@ -48,7 +48,8 @@ RUN_EPILOG = f"""hashes: each bundle file is hashed once per file identity (size
 and recorded in the --state folder; a changed file is hashed again and refused if it differs.
 {VERIFY_HASHES_ENV}=1 hashes every file on every run ('omnidraft validate' always does).
 server: when 'omnidraft serve' holds this bundle (and --state, --target), run sends it the request
-and prints its reply (no bundle opened here); --no-server decodes in this process."""
+and prints its reply (no bundle opened here); --no-server (or {VERIFY_HASHES_ENV}=1) decodes in
+this process."""
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -232,3 +232,15 @@ def test_stale_socket_is_ignored_then_replaced_and_sigterm_removes_it(
     finally:
         assert server.stop() == 0
     assert not server.socket.exists()
+
+
+def test_a_served_session_notes_changed_bundle_files(cli_bundle: Path, tmp_path: Path) -> None:
+    from omnidraft_deploy.runtime.session import changed, open_session
+
+    copy = tmp_path / "b"
+    shutil.copytree(cli_bundle, copy)
+    session = open_session(copy, state=tmp_path / "state", served=True)
+    assert changed(session) == []
+    st = (copy / "expected.json").stat()
+    os.utime(copy / "expected.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    assert changed(session) == ["expected.json"]

@@ -12,6 +12,7 @@ removes it. Every wait has a timeout.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import selectors
@@ -21,14 +22,16 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from omnidraft_deploy.cli.client import ServerGone, run_remote
 from omnidraft_deploy.cli.main import main
-from omnidraft_deploy.cli.protocol import MAX_LINE
+from omnidraft_deploy.cli.protocol import MAX_LINE, ProtocolError, RunRequest, encode
 
 pytest.importorskip("onnxruntime")
 BIN = Path(sys.executable).parent
@@ -244,3 +247,45 @@ def test_a_served_session_notes_changed_bundle_files(cli_bundle: Path, tmp_path:
     st = (copy / "expected.json").stat()
     os.utime(copy / "expected.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert changed(session) == ["expected.json"]
+
+
+def _one_shot_peer(path: Path, replies: list[bytes]) -> threading.Thread:
+    """A listener at ``path`` that reads one request line, sends ``replies`` and hangs up (the
+    client's side of the wire, without a bundle: a server that dies mid-reply, or refuses)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def answer() -> None:
+        with listener, listener.accept()[0] as conn:
+            conn.makefile("rb").readline()
+            for reply in replies:
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+def _request() -> RunRequest:
+    return RunRequest(bundle="/b", target=None, provider=None, prompt="p", chat=False,
+                      mode="greedy", temperature=0.7, top_p=None, max_new_tokens=4, seed=0,
+                      stats=None)  # fmt: skip
+
+
+def test_the_client_says_when_the_server_dies_or_refuses(tmp_path: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    thread = _one_shot_peer(tmp_path / "a.sock", [encode("out", text="par")])
+    with pytest.raises(ServerGone, match="closed the connection"):
+        run_remote(tmp_path / "a.sock", _request(), out, err)
+    thread.join(10)
+    assert out.getvalue() == "par"
+    thread = _one_shot_peer(tmp_path / "b.sock", [encode("refused", message="it holds /c")])
+    assert run_remote(tmp_path / "b.sock", _request(), out, err) is None
+    thread.join(10)
+    assert "it holds /c; running in-process" in err.getvalue()
+    thread = _one_shot_peer(tmp_path / "c.sock", [b'{"v": 1, "type": "done", "exit": "0"}\n'])
+    with pytest.raises(ProtocolError, match="exit must be an integer"):
+        run_remote(tmp_path / "c.sock", _request(), out, err)
+    thread.join(10)
+    assert run_remote(tmp_path / "nobody.sock", _request(), out, err) is None

@@ -10,8 +10,8 @@ prints what an in-process run prints, byte for byte.
 A served session starts each request from what an in-process run would load: the n-gram cache
 grown in the state folder, else the bundle's shipped cache as it was opened
 (``Session.shipped``), never what an earlier, interrupted request left in memory.
-``Session.changed`` notes the bundle files that changed since the open (the server then refuses:
-its sessions hold the old graphs).
+``changed`` notes the bundle files, and the adapted drafter weights in the state folder, that
+changed since the open (the server then refuses: its sessions hold the old graphs).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 from omnidraft_deploy.runtime import bundle as opener
 from omnidraft_deploy.runtime.bundle import SESSION_CACHE, OpenBundle
 
+from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
 from omnidraft_deploy.bundle.manifest import MANIFEST_NAME
 from omnidraft_deploy.cli.protocol import RunRequest, Writer
 from omnidraft_deploy.ngram.cache import NGramCache
@@ -55,10 +56,17 @@ def target_tokenizer(root: Path, target: str | None) -> Any:
     return load_bundle_tokenizer(root, "target", manifest.files, folder=parts(manifest).tokenizer)
 
 
-def _file_ids(root: Path, names: list[str]) -> FileIds:
+def _file_ids(root: Path, names: list[str], state: Path) -> FileIds:
+    """(size, mtime, ctime, inode) of each bundle file ``names``, and of the state folder's
+    adapted drafter weights (which a multi-target bundle's open swaps in; zeros when absent)."""
+    adapted = state / ADAPTED_DRAFTER
+    paths = {name: root / name for name in names} | {str(adapted): adapted}
     ids = {}
-    for name in names:
-        st = os.stat(root / name, follow_symlinks=False)
+    for name, path in paths.items():
+        if path == adapted and not path.exists():
+            ids[name] = (0, 0, 0, 0)
+            continue
+        st = os.stat(path, follow_symlinks=False)
         ids[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     return ids
 
@@ -82,15 +90,16 @@ def open_session(
     mapper = bundle.mapper
     shipped = ngram_to_bytes(bundle.ngram_cache, draft_vocab_size=mapper.draft_vocab_size,
                              target_vocab_size=mapper.target_vocab_size)  # fmt: skip
-    names = [MANIFEST_NAME, *bundle.manifest.files]
-    return Session(bundle, tok, state, shipped, _file_ids(root, names))
+    ids = _file_ids(root, [MANIFEST_NAME, *bundle.manifest.files], state)
+    return Session(bundle, tok, state, shipped, ids)
 
 
 def changed(session: Session) -> list[str]:
     """The bundle files whose size, mtime, ctime or inode differ from the open's (or are gone)."""
-    root, before = session.bundle.root, session.file_ids or {}
+    before = session.file_ids or {}
+    names = [MANIFEST_NAME, *session.bundle.manifest.files]
     try:
-        now = _file_ids(root, list(before))
+        now = _file_ids(session.bundle.root, names, session.state)
     except OSError as e:
         return [str(e.filename)]
     return [name for name, ids in now.items() if before[name] != ids]

@@ -247,6 +247,8 @@ def test_a_served_session_notes_changed_bundle_files(cli_bundle: Path, tmp_path:
     st = (copy / "expected.json").stat()
     os.utime(copy / "expected.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert changed(session) == ["expected.json"]
+    (tmp_path / "state" / "drafter.adapted.safetensors").write_bytes(b"adapt wrote it")
+    assert changed(session)[1:] == [f"{tmp_path / 'state'}/drafter.adapted.safetensors"]
 
 
 def _one_shot_peer(path: Path, replies: list[bytes]) -> threading.Thread:

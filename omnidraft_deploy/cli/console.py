@@ -102,28 +102,41 @@ def library_stdout(verbose: bool) -> contextlib.AbstractContextManager[object]:
 
 def run_verb(prog: str, fn: Callable[[], int], *, verbose: bool) -> int:
     """Run ``fn`` under ``quiet_console``; map exceptions to one paragraph and an exit status."""
-    from omnidraft_deploy.catalog.assets import AssetError
-
     try:
         with quiet_console(verbose):
             return fn()
     except KeyboardInterrupt:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return 130
-    except (*INPUT_ERRORS, AssetError, ImportError) as e:
-        return _report(prog, e, verbose, status=2)
     except Exception as e:  # noqa: BLE001 - the top of a command: report, never a raw traceback
-        return _report(prog, e, verbose, status=1, internal=True)
+        return _report(prog, e, verbose)
 
 
-def _report(prog: str, e: BaseException, verbose: bool, *, status: int,
-            internal: bool = False) -> int:  # fmt: skip
-    if verbose:
-        traceback.print_exception(e, file=sys.stderr)
+def error_status(e: BaseException) -> tuple[int, bool]:
+    """The exit status of a verb that raised ``e`` (module docstring), and whether it is an
+    internal error (its type named, a traceback hint) rather than bad input."""
+    from omnidraft_deploy.catalog.assets import AssetError
+
+    if isinstance(e, (*INPUT_ERRORS, AssetError, ImportError)):
+        return 2, False
+    return 1, True
+
+
+def error_line(prog: str, e: BaseException, *, verbose: bool) -> tuple[int, str]:
+    """(exit status, the one line ``run_verb`` prints for ``e``); ``omnidraft serve`` sends the
+    same line to its client."""
+    status, internal = error_status(e)
     text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
     text = " ".join(text.split()) or type(e).__name__
     if internal:
         text = f"{type(e).__name__}: {text}"
     hint = "" if verbose else " (run again with --verbose for details)"
-    print(f"{prog}: error: {text}{hint if internal else ''}", file=sys.stderr)
+    return status, f"{prog}: error: {text}{hint if internal else ''}"
+
+
+def _report(prog: str, e: BaseException, verbose: bool) -> int:
+    if verbose:
+        traceback.print_exception(e, file=sys.stderr)
+    status, line = error_line(prog, e, verbose=verbose)
+    print(line, file=sys.stderr)
     return status

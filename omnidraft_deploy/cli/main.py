@@ -146,7 +146,9 @@ def _bundle_prompts(bundle: str, target: str | None = None) -> list[tuple[str, l
     from omnidraft_deploy.catalog.prompts import load_prompts
 
     # the tokenizer's bytes are hashed as read; adapt_bundle opens (and checks) the whole bundle
-    tok = _target_tokenizer(Path(bundle), target)
+    from omnidraft_deploy.runtime.session import target_tokenizer
+
+    tok = target_tokenizer(Path(bundle), target)
     return [(p.task, tok.encode(p.text)) for p in load_prompts()]
 
 
@@ -193,57 +195,66 @@ def _bundle_targets(bundles: list[str], target: str | None) -> list[tuple[str, s
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from concurrent.futures import ThreadPoolExecutor
+    from omnidraft_deploy.cli.client import run_remote, socket_path
 
-    import torch
-
-    from omnidraft_deploy.cli.streaming import TextStreamer
-    from omnidraft_deploy.runtime.bundle import open_bundle
-    from omnidraft_deploy.runtime.run import run_bundle, target_only
-    from omnidraft_deploy.speculative.decoder import DecodeConfig
-    from omnidraft_deploy.speculative.drafter import Mode
-    from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
-
-    prompt = _prompt_text(args.prompt, args.prompt_file)
+    request = _run_request(args)
     state = _state(args.bundle, args.state, args.target)
-    # The tokenizer's JSON is parsed while ONNX Runtime builds the sessions (which releases the
-    # GIL). Only its result waits on the bundle's checks.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        tok_job = pool.submit(_target_tokenizer, Path(args.bundle), args.target)
-        bundle = open_bundle(args.bundle, provider=args.provider, state=state, target=args.target,
-                             trust_record=os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0"))  # fmt: skip
-        tok = tok_job.result()
-    text = render_chat(getattr(tok, "chat_template", None), prompt) if args.chat else prompt
-    greedy = Mode(args.mode) is Mode.GREEDY
-    cfg = DecodeConfig(mode=Mode(args.mode), temperature=0.0 if greedy else args.temperature,
-                       top_p=None if greedy else args.top_p, max_new_tokens=args.max_new_tokens)  # fmt: skip
-    stream = TextStreamer(tok, sys.stdout, sys.stderr if args.stats == "steps" else None)
-    if not args.chat:
-        sys.stdout.write(prompt)
-    ids = tok.encode(text)
-    if args.stats:  # time both decodes on settled memory (host.pages_later)
-        from omnidraft_deploy.host.pages_later import settle
+    trust_record = os.environ.get(VERIFY_HASHES_ENV, "") in ("", "0")
+    if trust_record and not args.no_server:  # a resident ``omnidraft serve`` answers first
+        status = run_remote(socket_path(state), request, sys.stdout, sys.stderr)
+        if status is not None:
+            return status
+    from omnidraft_deploy.runtime.session import generate, open_session
 
-        settle()
-    out, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=state,
-                            generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
-    stream.finish()
-    if args.stats:
-        base, base_stats = target_only(bundle, ids, cfg,
-                                       generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
-        _print_stats(stats, base_stats, identical=out == base if greedy else None)
+    session = open_session(args.bundle, provider=args.provider, state=state, target=args.target,
+                           trust_record=trust_record)  # fmt: skip
+    generate(session, request, sys.stdout, sys.stderr)
     return 0
 
 
-def _target_tokenizer(root: Path, target: str | None) -> Any:
-    """The selected target's tokenizer, read from the bundle's manifest (``_cmd_run`` loads it
-    beside ``open_bundle``, whose checks of the same files come first in any error)."""
-    from omnidraft_deploy.bundle.folder import read_manifest
-    from omnidraft_deploy.bundle.targets import parts, select
-    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
+def _run_request(args: argparse.Namespace) -> Any:
+    """``run``'s flags as a ``cli.protocol.RunRequest`` (the prompt file read)."""
+    from omnidraft_deploy.cli.protocol import RunRequest
 
-    manifest = select(read_manifest(root), target)
-    return load_bundle_tokenizer(root, "target", manifest.files, folder=parts(manifest).tokenizer)
+    return RunRequest(
+        bundle=str(Path(args.bundle).resolve()), target=args.target, provider=args.provider,
+        prompt=_prompt_text(args.prompt, args.prompt_file), chat=args.chat, mode=args.mode,
+        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, stats=args.stats,
+    )  # fmt: skip
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import time
+
+    from omnidraft_deploy.cli.client import socket_path
+    from omnidraft_deploy.cli.console import error_line
+    from omnidraft_deploy.cli.serve import Served, bind, check_free, serve
+    from omnidraft_deploy.runtime.session import changed, generate, open_session, warm
+
+    t0 = time.perf_counter()
+    state = _state(args.bundle, args.state, args.target)
+    path = socket_path(state, args.socket)
+    check_free(path)  # before the open: a second server would only find out after it
+    session = open_session(args.bundle, provider=args.provider, state=state, target=args.target,
+                           threads=args.threads, served=True)  # fmt: skip
+    t1 = time.perf_counter()
+    warm(session)  # the cost profile is measured here the first time (~1 min on a 1.5B target)
+    listener = bind(path)
+    served = Served(str(Path(args.bundle).resolve()), args.target, session.bundle.provider)
+    t2 = time.perf_counter()
+    print(f"serving {args.bundle} on {path} (opened in {t1 - t0:.1f} s, warmed in {t2 - t1:.1f} "
+          "s)", flush=True)  # fmt: skip
+
+    def refusal() -> str | None:
+        files = changed(session)
+        return f"its bundle changed since it opened it ({', '.join(files[:3])})" if files else None
+
+    stopped = serve(listener, path, served, lambda r, o, e: generate(session, r, o, e),
+                    refusal=refusal,
+                    error_line=lambda e: error_line("omnidraft run", e, verbose=False))  # fmt: skip
+    print(f"omnidraft serve: stopped ({stopped})", file=sys.stderr)
+    return 0
 
 
 def _prompt_text(prompt: str, prompt_file: str | None) -> str:
@@ -255,24 +266,6 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text ({e.reason} at byte "
                          f"{e.start})") from None  # fmt: skip
-
-
-def _print_stats(stats: Any, base: Any, *, identical: bool | None) -> None:
-    """``run --stats`` on stderr: one line for people, then the JSON line (scripts read it)."""
-    summary = {k: round(v, 4) for k, v in stats.summary().items()}
-    summary["target_only_wall_s"] = round(base.wall_s, 4)
-    summary["speedup_vs_target_only"] = round(base.wall_s / max(stats.wall_s, 1e-9), 3)
-    same = (
-        "" if identical is None else f", identical to target-only: {'yes' if identical else 'NO'}"
-    )
-    if identical is not None:
-        summary["identical_to_target_only"] = identical
-    print(f"speculative {stats.n_generated} tokens in {stats.wall_s:.2f} s "
-          f"({stats.tokens_per_s:.1f} tok/s, acceptance {stats.acceptance_rate:.2f}, "
-          f"{stats.tokens_per_target_call:.2f} tokens per target call); target-only "
-          f"{base.wall_s:.2f} s ({base.tokens_per_s:.1f} tok/s): speedup "
-          f"{summary['speedup_vs_target_only']:.2f}x{same}", file=sys.stderr)  # fmt: skip
-    print(json.dumps(summary), file=sys.stderr)
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
@@ -334,7 +327,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Handler] = {
     "presets": cmd_presets, "assets": cmd_assets, "generate": cmd_generate, "bench": cmd_bench,
     "export": _cmd_export, "validate": _cmd_validate, "run": _cmd_run, "profile": _cmd_profile,
-    "adapt": _cmd_adapt,
+    "adapt": _cmd_adapt, "serve": _cmd_serve,
 }  # fmt: skip
 
 

@@ -39,9 +39,17 @@ PROVIDER_HELP = "where the graphs run (default: qnn bundles on the QNN HTP, othe
 STATE_HELP = "folder for session files (grown n-gram cache, reports); default: user state folder"
 VERBOSE_HELP = "library warnings, tracebacks"
 VERIFY_HASHES_ENV = "OMNIDRAFT_VERIFY_HASHES"
+SOCKET_HELP = (
+    "the Unix socket (default: serve.sock in the --state folder, where `omnidraft "
+    "run` looks for a server)"
+)
+SERVE_HELP = "keep a bundle open for `omnidraft run` (a Unix socket; one request at a time)"
 RUN_EPILOG = f"""hashes: each bundle file is hashed once per file identity (size, mtime, inode)
 and recorded in the --state folder; a changed file is hashed again and refused if it differs.
-{VERIFY_HASHES_ENV}=1 hashes every file on every run ('omnidraft validate' always does)."""
+{VERIFY_HASHES_ENV}=1 hashes every file on every run ('omnidraft validate' always does).
+server: when 'omnidraft serve' holds this bundle (and --state, --target), run sends it the request
+and prints its reply (no bundle opened here); --no-server (or {VERIFY_HASHES_ENV}=1) decodes in
+this process."""
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -124,10 +132,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", nargs="?", const="summary", choices=["summary", "steps"],
                    help="also run target-only: speedup, acceptance, identical? (stderr); "
                         "'--stats steps': and every step's proposals")  # fmt: skip
+    p.add_argument("--no-server", action="store_true",
+                   help="decode in this process even when `omnidraft serve` holds the bundle")  # fmt: skip
 
 
 def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None:
-    """``validate``, ``run``, ``profile``, ``adapt``: verbs over an exported bundle."""
+    """``validate``, ``run``, ``profile``, ``serve``, ``adapt``: verbs over an exported bundle."""
     p = _verb(sub, "validate", "check bundles against their recorded reference", handlers, common)
     p.add_argument("bundles", nargs="+")
     p.add_argument("--target", help="check this target only (default: every target)")
@@ -145,6 +155,13 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
     p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--state", help=STATE_HELP)
+    p = _verb(sub, "serve", SERVE_HELP, handlers, common)
+    p.add_argument("bundle")
+    p.add_argument("--target", help=TARGET_HELP)
+    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
+    p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
+    p.add_argument("--socket", help=SOCKET_HELP)
     p = _verb(sub, "adapt", "adapt a bundle's drafter online, then publish it", handlers, common)
     p.add_argument("bundle")
     p.add_argument("--rounds", type=int, default=2, help="passes over the shipped prompt set")

@@ -13,9 +13,12 @@ context's own text off keeps the join space.
 
 from __future__ import annotations
 
-from typing import Protocol, TextIO
+import json
+from typing import Any, Protocol
 
 from torch import Tensor
+
+from omnidraft_deploy.cli.protocol import Writer
 
 ANCHOR = 4  # context tokens decoded with a continuation
 
@@ -35,7 +38,7 @@ def decode_continuation(tokenizer: Decodes, context_ids: list[int], new_ids: lis
 
 
 class TextStreamer:
-    def __init__(self, tokenizer: Decodes, out: TextIO, stats: TextIO | None = None) -> None:
+    def __init__(self, tokenizer: Decodes, out: Writer, stats: Writer | None = None) -> None:
         self.tokenizer, self.out, self.stats = tokenizer, out, stats
         self.wants_topk = stats is not None  # only the step stats read the top-k probabilities
         self.context: list[int] | None = None  # the prompt, from the first step
@@ -72,3 +75,22 @@ class TextStreamer:
         if text.startswith(self.printed):
             self.out.write(text[len(self.printed) :] + "\n")
         self.printed = text
+
+
+def print_stats(stats: Any, base: Any, *, identical: bool | None, err: Writer) -> None:
+    """``run --stats`` on ``err``: one line for people, then the JSON line (scripts read it);
+    ``stats`` / ``base``: the speculative and the target-only ``DecodeStats``."""
+    summary = {k: round(v, 4) for k, v in stats.summary().items()}
+    summary["target_only_wall_s"] = round(base.wall_s, 4)
+    summary["speedup_vs_target_only"] = round(base.wall_s / max(stats.wall_s, 1e-9), 3)
+    same = (
+        "" if identical is None else f", identical to target-only: {'yes' if identical else 'NO'}"
+    )
+    if identical is not None:
+        summary["identical_to_target_only"] = identical
+    print(f"speculative {stats.n_generated} tokens in {stats.wall_s:.2f} s "
+          f"({stats.tokens_per_s:.1f} tok/s, acceptance {stats.acceptance_rate:.2f}, "
+          f"{stats.tokens_per_target_call:.2f} tokens per target call); target-only "
+          f"{base.wall_s:.2f} s ({base.tokens_per_s:.1f} tok/s): speedup "
+          f"{summary['speedup_vs_target_only']:.2f}x{same}", file=err)  # fmt: skip
+    print(json.dumps(summary), file=err)

@@ -5,10 +5,11 @@
 notes the process's anonymous mappings, builds the session, and hands the collapse of what grew to
 a daemon thread, so decoding starts at once and gets faster as the pages move
 (``MADV_COLLAPSE`` copies live pages; their contents never change, so the session may run
-meanwhile). ``omnidraft profile`` and the benchmarks keep the synchronous ``on_huge_pages``: they
-measure sessions whose pages have settled; ``run --stats`` waits for them (``settle``) before
-it times the speculative decode against target-only, which otherwise would run on settled pages
-while the first decode paid for the move.
+meanwhile; ``settle`` waits for them, as ``omnidraft serve`` does before it serves, and ``run
+--stats`` before it times the speculative decode against target-only: otherwise the first decode
+pays for the move and target-only, run after it, gets settled pages). ``omnidraft profile`` and
+the benchmarks keep the synchronous ``on_huge_pages``: they measure sessions whose pages have
+settled.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -24,7 +24,7 @@ from omnidraft_deploy.host.hugepages import MAPS, Region, anonymous_regions, col
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_pending: list[threading.Thread] = []  # collapses started by ``collapse_later``, not yet joined
+THREAD_NAME = "huge-pages"
 
 
 def _collapse(regions: set[Region]) -> None:
@@ -42,20 +42,12 @@ def collapse_later(make: Callable[[], T]) -> T:
     before = anonymous_regions(MAPS.read_text())
     built = make()
     grown = anonymous_regions(MAPS.read_text()) - before
-    thread = threading.Thread(target=_collapse, args=(grown,), name="huge-pages", daemon=True)
-    thread.start()
-    _pending.append(thread)
+    threading.Thread(target=_collapse, args=(grown,), name=THREAD_NAME, daemon=True).start()
     return built
 
 
-def settle(timeout: float | None = None) -> float:
-    """Wait for the background collapses started so far (at most ``timeout`` s in all);
-    returns the seconds waited."""
-    t0 = time.perf_counter()
-    while _pending:
-        left = None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0))
-        _pending[0].join(left)
-        if _pending[0].is_alive():
-            break
-        _pending.pop(0)
-    return time.perf_counter() - t0
+def settle(timeout_s: float | None = None) -> None:
+    """Wait until every background collapse started by ``collapse_later`` has finished."""
+    for thread in threading.enumerate():
+        if thread.name == THREAD_NAME:
+            thread.join(timeout_s)

@@ -41,7 +41,8 @@ def test_settle_waits_for_the_background_collapse(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(pages_later, "collapse", collapse)
     pages_later.collapse_later(lambda: bytearray(8 << 20))
-    assert pages_later.settle(timeout=0.2) >= 0.19 and not finished.is_set()  # still moving
+    pages_later.settle(timeout_s=0.2)
+    assert not finished.is_set()  # still moving: settle gave up at its timeout
     release.set()
     pages_later.settle()
-    assert finished.is_set() and not pages_later._pending
+    assert finished.is_set()

@@ -1,0 +1,171 @@
+"""One opened bundle that answers ``omnidraft run`` requests: in-process, or kept by ``serve``.
+
+``open_session`` opens the bundle as ``run`` always has (``open_bundle``: every check, the hash
+record in the state folder; the target's tokenizer parsed meanwhile) and ``generate`` does what
+``run`` prints: the prompt (unless ``--chat``), the text as it streams, then with ``--stats`` the
+target-only baseline and the statistics lines. ``run`` calls both once; ``omnidraft serve`` opens
+once, ``warm``s, and calls ``generate`` per request with the socket's writers, so a served run
+prints what an in-process run prints, byte for byte.
+
+A served session starts each request from what an in-process run would load: the n-gram cache
+grown in the state folder, else the bundle's shipped cache as it was opened
+(``Session.shipped``), never what an earlier, interrupted request left in memory.
+``changed`` notes the bundle files, and the adapted drafter weights in the state folder, that
+changed since the open (the server then refuses: its sessions hold the old graphs).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omnidraft_deploy.runtime import bundle as opener
+from omnidraft_deploy.runtime.bundle import SESSION_CACHE, OpenBundle
+
+from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
+from omnidraft_deploy.bundle.manifest import MANIFEST_NAME
+from omnidraft_deploy.cli.protocol import RunRequest, Writer
+from omnidraft_deploy.ngram.cache import NGramCache
+from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
+from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
+
+WARM_PROMPT = "def add(a, b):"
+FileIds = dict[str, tuple[int, int, int, int]]
+
+
+@dataclass
+class Session:
+    bundle: OpenBundle
+    tokenizer: Any  # the selected target's tokenizer
+    state: Path
+    shipped: bytes | None = None  # served: the bundle's n-gram cache as opened (``ngram.format``)
+    file_ids: FileIds | None = None  # served: (size, mtime, ctime, inode) of every bundle file
+
+
+def target_tokenizer(root: Path, target: str | None) -> Any:
+    """The selected target's tokenizer, read from the bundle's manifest (loaded beside
+    ``open_bundle``, whose checks of the same files come first in any error)."""
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.targets import parts, select
+    from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
+
+    manifest = select(read_manifest(root), target)
+    return load_bundle_tokenizer(root, "target", manifest.files, folder=parts(manifest).tokenizer)
+
+
+def _file_ids(root: Path, names: list[str], state: Path) -> FileIds:
+    """(size, mtime, ctime, inode) of each bundle file ``names``, and of the state folder's
+    adapted drafter weights (which a multi-target bundle's open swaps in; zeros when absent)."""
+    adapted = state / ADAPTED_DRAFTER
+    paths = {name: root / name for name in names} | {str(adapted): adapted}
+    ids = {}
+    for name, path in paths.items():
+        if path == adapted and not path.exists():
+            ids[name] = (0, 0, 0, 0)
+            continue
+        st = os.stat(path, follow_symlinks=False)
+        ids[name] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return ids
+
+
+def open_session(
+    bundle_dir: str | Path, *, state: Path, provider: str | None = None,
+    target: str | None = None, trust_record: bool = True, threads: int | None = None,
+    served: bool = False,
+) -> Session:  # fmt: skip
+    """``open_bundle`` (its arguments) with the target's tokenizer: the tokenizer's JSON is parsed
+    while ONNX Runtime builds the sessions (which releases the GIL); only its result waits on the
+    bundle's checks. ``served``: kept for many requests (module docstring)."""
+    root = Path(bundle_dir)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tok_job = pool.submit(target_tokenizer, root, target)
+        bundle = opener.open_bundle(root, provider=provider, state=state, target=target,
+                                    trust_record=trust_record, threads=threads)  # fmt: skip
+        tok = tok_job.result()
+    if not served:
+        return Session(bundle, tok, state)
+    mapper = bundle.mapper
+    shipped = ngram_to_bytes(bundle.ngram_cache, draft_vocab_size=mapper.draft_vocab_size,
+                             target_vocab_size=mapper.target_vocab_size)  # fmt: skip
+    ids = _file_ids(root, [MANIFEST_NAME, *bundle.manifest.files], state)
+    return Session(bundle, tok, state, shipped, ids)
+
+
+def changed(session: Session) -> list[str]:
+    """The bundle files whose size, mtime, ctime or inode differ from the open's (or are gone)."""
+    before = session.file_ids or {}
+    names = [MANIFEST_NAME, *session.bundle.manifest.files]
+    try:
+        now = _file_ids(session.bundle.root, names, session.state)
+    except OSError as e:
+        return [str(e.filename)]
+    return [name for name, ids in now.items() if before[name] != ids]
+
+
+def _fresh_cache(session: Session) -> None:
+    """The shipped n-gram cache as opened, unless the state folder holds a grown one (which
+    ``run_bundle`` loads itself)."""
+    if session.shipped is not None and not (session.state / SESSION_CACHE).exists():
+        m = session.bundle.mapper
+        cache, _ = ngram_from_bytes(session.shipped, source=session.bundle.root,
+                                    expect_draft_vocab=m.draft_vocab_size,
+                                    expect_target_vocab=m.target_vocab_size)  # fmt: skip
+        session.bundle.ngram_cache = cache
+
+
+def generate(session: Session, request: RunRequest, out: Writer, err: Writer) -> None:
+    """What ``omnidraft run`` writes for ``request`` (module docstring): text to ``out``, the
+    ``--stats`` lines to ``err``; errors raise (the caller reports them)."""
+    import torch
+    from omnidraft_deploy.runtime.run import run_bundle, target_only
+
+    from omnidraft_deploy.cli.streaming import TextStreamer, print_stats
+    from omnidraft_deploy.speculative.decoder import DecodeConfig
+    from omnidraft_deploy.speculative.drafter import Mode
+    from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
+
+    tok, bundle = session.tokenizer, session.bundle
+    prompt = request.prompt
+    text = render_chat(getattr(tok, "chat_template", None), prompt) if request.chat else prompt
+    greedy = Mode(request.mode) is Mode.GREEDY
+    cfg = DecodeConfig(mode=Mode(request.mode), temperature=0.0 if greedy else request.temperature,
+                       top_p=None if greedy else request.top_p,
+                       max_new_tokens=request.max_new_tokens)  # fmt: skip
+    stream = TextStreamer(tok, out, err if request.stats == "steps" else None)
+    if not request.chat:
+        out.write(prompt)
+    ids = tok.encode(text)
+    _fresh_cache(session)
+    if request.stats:  # time both decodes on settled memory, not the first one during the move
+        from omnidraft_deploy.host.pages_later import settle
+
+        settle()
+    result, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=session.state,
+                               generator=torch.Generator().manual_seed(request.seed))  # fmt: skip
+    stream.finish()
+    if request.stats:
+        base, base_stats = target_only(bundle, ids, cfg,
+                                       generator=torch.Generator().manual_seed(request.seed))  # fmt: skip
+        print_stats(stats, base_stats, identical=result == base if greedy else None, err=err)
+
+
+def warm(session: Session) -> None:
+    """Ready a served session before its first request: the weights settled on huge pages, the
+    cost profile measured (or loaded) from the state folder, and one short generation through both
+    graphs, on an empty n-gram cache (the request's own cache is set up by ``generate``)."""
+    from omnidraft_deploy.runtime.run import decoding_profile, run_bundle
+
+    from omnidraft_deploy.host.pages_later import settle
+
+    bundle = session.bundle
+    settle()
+    decoding_profile(bundle, session.state)
+    ids = session.tokenizer.encode(WARM_PROMPT)[: max(1, bundle.target.max_seq_len - 4)]
+    kept, bundle.ngram_cache = bundle.ngram_cache, NGramCache()
+    try:
+        run_bundle(bundle, ids, max_new_tokens=2, state=None)
+    finally:
+        bundle.ngram_cache = kept

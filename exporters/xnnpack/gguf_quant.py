@@ -88,7 +88,7 @@ def gguf_quantized(model: Transformer, gguf: Path) -> tuple[nn.Module, GridShare
             _set(shell, f"model.layers.{i}.{path}", grid_linear(grid, linear.bias))
     emb = _checked(_tensor(tensors, "token_embd.weight", gguf), model.model.embed_tokens.weight,
                    gguf)  # fmt: skip
-    shell.model.embed_tokens = grid_embedding(emb)
+    _set(shell, "model.embed_tokens", grid_embedding(emb))
     head_grid = emb
     if "output.weight" in tensors:
         head_grid = _checked(tensors["output.weight"], model.lm_head.weight, gguf)
@@ -133,7 +133,11 @@ def _checked(tensor: Any, weight: Tensor, gguf: Path, n_heads: int = 0) -> Grid:
 
     if same(grid):
         return grid
-    if n_heads and grid.codes.shape == tuple(w.shape) and same(g := grid.rows(llama_rows(n, n_heads))):
+    if (
+        n_heads
+        and grid.codes.shape == tuple(w.shape)
+        and same(g := grid.rows(llama_rows(n, n_heads)))
+    ):
         return g
     raise ValueError(
         f"{gguf}: tensor {tensor.name} ({grid.source} {grid.codes.shape}) does not match the "
@@ -186,7 +190,8 @@ def grid_embedding(grid: Grid) -> nn.Module:
         return GridEmbedding8.from_grid(grid)
     from omnidraft_deploy.exporters.xnnpack.eager_quant import Int8Embedding
 
-    emb = nn.Embedding(*grid.codes.shape, _weight=torch.from_numpy(grid.dequantize()))
+    n, k = grid.codes.shape
+    emb = nn.Embedding(n, k, _weight=torch.from_numpy(grid.dequantize()))
     return Int8Embedding.from_float(emb)
 
 

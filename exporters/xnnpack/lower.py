@@ -86,6 +86,22 @@ def op_coverage(edge_program: Any) -> dict[str, Any]:
     }
 
 
+def matmul_bits(ep: Any) -> dict[str, int]:
+    """``aten.linear`` nodes of the exported program by the width of their weight: 4 / 8 (the
+    weight a torchao ``dequantize_affine`` of an int4 / int8 grid) or 32 (a float weight, e.g. an
+    ``Int4GroupLinear``'s constant table, or an fp32 recipe's linears)."""
+    counts = {"linear_4bit": 0, "linear_8bit": 0, "linear_fp32": 0}
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        weight = node.args[1]
+        bits = 32
+        if str(getattr(weight, "target", "")) == "torchao.dequantize_affine.default":
+            bits = 4 if weight.args[5] == -8 else 8
+        counts[f"linear_{bits}bit" if bits < 32 else "linear_fp32"] += 1
+    return counts
+
+
 PATCHED_EXECUTORCH = "1.5.1"  # the release whose lowering ``fast_lowering`` speeds up
 
 
@@ -198,7 +214,9 @@ def export_pte(
     stages: dict[str, Any] = {}
     facts: dict[str, Any] = {}
     model = model.eval().requires_grad_(False)
-    with stage(stages, "quantize"):  # a copy (a shell sharing the small parameters: gguf) unless fp32
+    with stage(
+        stages, "quantize"
+    ):  # a copy (a shell sharing the small parameters: gguf) unless fp32
         if gguf is not None:
             from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
 
@@ -212,6 +230,7 @@ def export_pte(
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
     del quantized  # the exported program holds what it needs
+    facts["matmul_bits"] = matmul_bits(ep)
     _settled(stages, "torch_export")
     lowering = fast_lowering() if fast else contextlib.nullcontext(False)
     with stage(stages, "lower"), lowering as patched:

@@ -45,7 +45,6 @@ def k_blocks(kind: str, rows: int, cols: int, seed: int, d: float = 0.004) -> np
 
 
 def test_int4_linear_from_q4_k_blocks_is_the_dequantised_matmul() -> None:
-    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_linear
 
     grid = READERS["Q4_K"](k_blocks("Q4_K", rows=48, cols=512, seed=1))
     _assert_matmul(grid, seed=2)
@@ -77,7 +76,7 @@ def _assert_matmul(grid: Grid, seed: int) -> None:
     assert 0 < rel < 0.01, rel
     # the same computed exactly: int8 rows x the centred codes, fp32 group sums x the constants
     step = torch.from_numpy(grid.scales())
-    centred = (step.repeat_interleave(32, 1) * (torch.from_numpy(grid.codes).float() - 8))
+    centred = step.repeat_interleave(32, 1) * (torch.from_numpy(grid.codes).float() - 8)
     constant = 8 * step - torch.from_numpy(grid.minimums())
     sums = x.reshape(3, -1, 32).sum(-1)
     exact = int8_rows(x) @ centred.T + sums @ constant.T + bias
@@ -128,7 +127,11 @@ def write_tiny_gguf(path: Path) -> Transformer:
     for i in range(SPEC.n_layers):
         for part, where in _LINEARS.items():
             six = i == 1 and part in ("attn_v", "ffn_down")
-            put(f"blk.{i}.{part}.weight", f"model.layers.{i}.{where}.weight", "Q6_K" if six else "Q4_K")
+            put(
+                f"blk.{i}.{part}.weight",
+                f"model.layers.{i}.{where}.weight",
+                "Q6_K" if six else "Q4_K",
+            )
     put("token_embd.weight", "model.embed_tokens.weight", "Q4_K")
     put("output.weight", "lm_head.weight", "Q6_K")
     writer.write_header_to_file()
@@ -151,6 +154,8 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     assert facts["gguf_grid"]["matrices_4bit"] == 12 and facts["gguf_grid"]["matrices"] == 14
     assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
     assert {"quantize", "torch_export", "lower", "serialize"} <= set(facts["stages"])
+    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8
+    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12}
     info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance

@@ -138,7 +138,9 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         _x("8da4w-emb8", 8.0, 0.6, "8da4w", 8, head="8da8w", int4_plan=True),
         # gguf4: the GGUF's own blocks (exporters.xnnpack.gguf_quant): Q4_K / Q4_1 / Q4_0 as 8da4w on
         # their codes and float minimums, other weights and the lm_head 8da8w, the embedding on its
-        # grid (4-bit Q4_K rows, exact Q8_0 blocks); reports/xnnpack_gguf4 (GGUF presets only)
+        # grid (4-bit Q4_K rows, exact Q8_0 blocks); reports/xnnpack_gguf4 (GGUF presets only).
+        # SmolLM2-135M (Q4_1) .pte 5.20 / 0.894; Qwen2.5-Coder-1.5B (Q4_K_M) .pte 21.0 / 0.946: refused
+        # (int8 per-token activations on Qwen's outlier channels)
         _x("gguf4", 8.0, 0.6, "8da4w", 8, head="8da8w", gguf_grid=True),
         # 8da8w: SmoothQuant; down_proj (SwiGLU's outlier channels) and attention's linears in fp32.
         # Max |diff| / top-1 in eager on held-out text: SmolLM2-135M (579 rows), down + o + v in

@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--preset", default="qwen2.5-1.5b")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fp32", default="", help="linear kinds (e.g. down_proj) put back at fp32: "
+                    "which linears' int8 activations carry the error")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -37,6 +39,11 @@ def main() -> None:
     spec = get_preset(a.preset)
     model = load_model(spec, max_seq_len=256).eval()
     quant, share = gguf_quantized(model, gguf_file(spec))
+    kinds = tuple(k for k in a.fp32.split(",") if k)
+    for name, module in model.named_modules():  # the eager fp32 linear back into the shell
+        if name.rsplit(".", 1)[-1] in kinds:
+            owner, _, attr = name.rpartition(".")
+            setattr(quant.get_submodule(owner), attr, module)
     rows = []
     for p, ids in enumerate(prompt_ids(spec.tokenizer, model.args.vocab_size, n=a.prompts)):
         x, pos = torch.tensor([ids]), torch.arange(len(ids))
@@ -47,7 +54,7 @@ def main() -> None:
             rows.append({"prompt": p, "position": i, "max_abs_diff": float((got[i] - ref[i]).abs().max()),
                          "top1_same": int(got[i].argmax()) == int(ref[i].argmax())})  # fmt: skip
     worst = sorted(rows, key=lambda r: -r["max_abs_diff"])[:8]
-    out = {"preset": a.preset, "share": share.__dict__, "rows": len(rows),
+    out = {"preset": a.preset, "share": share.__dict__, "fp32": kinds, "rows": len(rows),
            "top1": sum(r["top1_same"] for r in rows) / len(rows), "worst": worst,
            "max_abs_diff_excluding_position_0": max(r["max_abs_diff"] for r in rows if r["position"]),
            "seconds": round(time.time() - t0, 1), "load_avg_start": load0,

@@ -15,8 +15,9 @@
   target-only), the smallest top-1/top-2 gap of the 1-token rows.
 - ``speed``: decode tok/s (64 greedy 1-token calls after each of 3 prompts, median per-call time)
   of each bundle's target graph through the runtime's ``OrtModel``, ``--threads`` intra-op threads,
-  no spinning; with ``--gguf``, llama.cpp's plain decode of that GGUF in the same run (the same
-  prompts, the median time between two generated tokens); the load average beside the figures.
+  no spinning (an XNNPACK ``.pte``: ``PteModel``, the ExecuTorch threadpool at ``--threads``);
+  with ``--gguf``, llama.cpp's plain decode of that GGUF in the same run (the same prompts, the
+  median time between two generated tokens); the load average beside the figures.
 - ``prefill``: one call over a T-token prompt (T = 16, 64, 128; median of 3 after a warm-up) of
   each bundle's target graph, and with ``--gguf`` llama.cpp's ``eval`` of the same ids (its
   ``n_batch`` 512: one batch).
@@ -61,9 +62,17 @@ def top1(bundle: Path, n_prompts: int) -> dict[str, Any]:
 
 
 def ort_model(bundle: Path, threads: int) -> Any:
+    """The bundle's target graph through the runtime: ``OrtModel`` (``--threads`` intra-op, no
+    spinning), or ``PteModel`` for an XNNPACK ``.pte`` (the ExecuTorch threadpool at ``threads``)."""
+    info = target_info(bundle)
+    if info.file.endswith(".pte"):
+        from executorch.extension.pybindings import portable_lib
+        from omnidraft_deploy.runtime.executorch_model import PteModel
+
+        portable_lib._unsafe_reset_threadpool(threads)
+        return PteModel(bundle / info.file, info)
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
-    info = target_info(bundle)
     return OrtModel(bundle / info.file, info, threads=threads, spinning=False)
 
 

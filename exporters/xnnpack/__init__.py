@@ -59,6 +59,16 @@ def export_xnnpack(
                 "int4": sum(b == 4 for b in plan.values()),
                 "matmuls": len(plan),
             }
+    gguf = None
+    if recipe.gguf_grid:  # the quantised model is built from the GGUF's own blocks
+        from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file
+        from omnidraft_deploy.exporters.xnnpack.spill import spill_weights
+
+        gguf = gguf_file(spec)
+        # nothing before verification reads the eager weights again: file-backed until then
+        extras["spilled_bytes"] = spill_weights(model, out_dir)
     coverage = export_pte(model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids,
-                          bundle_hash=bundle_hash, bits=bits)  # fmt: skip
+                          bundle_hash=bundle_hash, bits=bits, gguf=gguf)  # fmt: skip
+    if "gguf_grid" in coverage:
+        extras["gguf_grid"] = coverage.pop("gguf_grid")
     return info, extras | {"stages": coverage.pop("stages"), "op_coverage": coverage}

@@ -131,19 +131,27 @@ class Int4GroupLinear(nn.Module):
 
     @classmethod
     def from_float(cls, linear: nn.Module, block: int) -> Int4GroupLinear:
-
         assert isinstance(linear, nn.Linear)
         n, k = linear.weight.shape
         if k % block:
             raise ValueError(f"8da4w: input size {k} is not a multiple of the group {block}")
         codes, step, offset = int4_blocks(linear.weight.detach().float(), block)
+        return cls.from_codes(codes.reshape(n, k), step, offset + 8 * step, linear.bias, block)
+
+    @classmethod
+    def from_codes(cls, codes: Tensor, step: Tensor, constant: Tensor, bias: Tensor | None,
+                   block: int) -> Int4GroupLinear:  # fmt: skip
+        """``W = step * (codes - 8) + constant`` per group: ``codes (N, K)`` 0..15, ``step`` and
+        ``constant`` ``(N, K / block)`` (a GGUF block ``scale * q - minimum`` is ``step = scale``,
+        ``constant = 8 * scale - minimum``)."""
+        n, k = codes.shape
         centred = torchao_8da(skip_init(nn.Linear, k, n, bias=False), bits=4, group_size=block)
         held: Any = centred.weight  # torchao's IntxUnpackedToInt8Tensor
         with torch.no_grad():  # its layout: int8 codes in [-8, 7], fp32 scale per group
-            held.qdata.copy_((codes.reshape(n, k) - 8).to(torch.int8))
+            held.qdata.copy_((codes.to(torch.int16) - 8).to(torch.int8))
             held.scale.copy_(step)
             held.zero_point.zero_()
-        return cls(centred, (offset + 8 * step).float(), linear.bias, block)
+        return cls(centred, constant.float().contiguous(), bias, block)
 
     def forward(self, x: Tensor) -> Tensor:
         sums = x.reshape(*x.shape[:-1], -1, self.block).sum(-1)

@@ -14,6 +14,8 @@ get_n_layers, get_eos_ids (list), get_format_version, get_bundle_hash (string).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +28,7 @@ from omnidraft_deploy.exporters.exportable import (
     dynamic_shapes_stateful,
     example_inputs,
 )
-from omnidraft_deploy.exporters.memory import stage
+from omnidraft_deploy.exporters.memory import current_rss_mb, stage
 from omnidraft_deploy.exporters.xnnpack.eager_quant import quantize_eager
 
 from omnidraft_deploy.bundle.atomic import write_bytes_atomic
@@ -82,6 +84,22 @@ def op_coverage(edge_program: Any) -> dict[str, Any]:
         "non_delegated_nodes": info.num_non_delegated_nodes,
         "non_delegated_ops": left,
     }
+
+
+def matmul_bits(ep: Any) -> dict[str, int]:
+    """``aten.linear`` nodes of the exported program by the width of their weight: 4 / 8 (the
+    weight a torchao ``dequantize_affine`` of an int4 / int8 grid) or 32 (a float weight, e.g. an
+    ``Int4GroupLinear``'s constant table, or an fp32 recipe's linears)."""
+    counts = {"linear_4bit": 0, "linear_8bit": 0, "linear_fp32": 0}
+    for node in ep.graph.nodes:
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        weight = node.args[1]
+        bits = 32
+        if str(getattr(weight, "target", "")) == "torchao.dequantize_affine.default":
+            bits = 4 if weight.args[5] == -8 else 8
+        counts[f"linear_{bits}bit" if bits < 32 else "linear_fp32"] += 1
+    return counts
 
 
 PATCHED_EXECUTORCH = "1.5.1"  # the release whose lowering ``fast_lowering`` speeds up
@@ -176,26 +194,44 @@ def export_pte(
     seq_len: int | None = None,
     fast: bool = True,
     bits: Mapping[str, int] | None = None,
+    gguf: Path | None = None,
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
-    stage). ``model`` is not modified.
+    stage, and the RSS left once the stage's garbage is freed). ``model`` is not modified.
 
     ``seq_len`` None: T dynamic in [1, max_seq_len] (the contract); an int gives a static-T program.
     ``fast``: lower under ``fast_lowering`` (the same program, sooner).
     ``bits``: an 8da4w recipe's plan (module path -> 4 or 8, ``quantize.quantize_eager``).
+    ``gguf``: a ``gguf_grid`` recipe's GGUF, whose blocks the quantised model is built from
+    (``gguf_quant``); its 4-bit share goes into the result as ``gguf_grid``.
+    Each stage drops what the next no longer needs (the quantised eager model once exported, the
+    exported program once lowered), so the peak is one stage's, not their sum.
     """
     require_executorch()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
 
     stages: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
     model = model.eval().requires_grad_(False)
-    with stage(stages, "quantize"):  # a copy unless fp32
-        quantized = quantize_eager(model, recipe, bits)
+    with stage(
+        stages, "quantize"
+    ):  # a copy (a shell sharing the small parameters: gguf) unless fp32
+        if gguf is not None:
+            from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
+
+            quantized, share = gguf_quantized(model, gguf)
+            facts["gguf_grid"] = dataclasses.asdict(share)
+        else:
+            quantized = quantize_eager(model, recipe, bits)
+    _settled(stages, "quantize")
     ids, pos = example_inputs(model.args, seq_len or 2)
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
+    del quantized  # the exported program holds what it needs
+    facts["matmul_bits"] = matmul_bits(ep)
+    _settled(stages, "torch_export")
     lowering = fast_lowering() if fast else contextlib.nullcontext(False)
     with stage(stages, "lower"), lowering as patched:
         edge = to_edge_transform_and_lower(
@@ -204,9 +240,21 @@ def export_pte(
             constant_methods=constant_methods(model, eos_ids, bundle_hash),
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
+    del ep  # its constants live on in the delegates' blobs
+    _settled(stages, "lower")
     coverage = op_coverage(edge) | {"fast_lowering": patched}
     log.info("%s: XNNPACK coverage %s", path.name, coverage)
     with stage(stages, "serialize"):
-        write_bytes_atomic(path, edge.to_executorch().buffer)
+        program = edge.to_executorch()
+        del edge
+        write_bytes_atomic(path, program.buffer)
+        del program
+    _settled(stages, "serialize")
     log.info("%s: stages %s", path.name, stages)
-    return coverage | {"stages": stages}
+    return coverage | facts | {"stages": stages}
+
+
+def _settled(stages: dict[str, Any], name: str) -> None:
+    """Record the RSS once ``name``'s garbage is collected (what the next stage starts from)."""
+    gc.collect()
+    stages[name]["rss_after_mb"] = round(current_rss_mb(), 1)

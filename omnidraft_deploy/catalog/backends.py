@@ -61,8 +61,10 @@ class QuantRecipe:
     # body matmuls at int4 where a measured plan (``exporters.quant.int4_plan``, the backend's
     # numerics) says int4 costs little; the rest at 8 bits (xnnpack 8da4w, onnx int4)
     int4_plan: bool = False
-    # onnx: every weight on its own GGUF grid (``exporters.onnx.gguf_grid``: Q4_K / Q4_0 / Q4_1 at
-    # 4 bits with float minimums, Q6_K / Q8_0 exact at 8 bits), read from the preset's GGUF
+    # every weight on its own GGUF grid, read from the preset's GGUF: onnx
+    # (``exporters.onnx.gguf_grid``: Q4_K / Q4_0 / Q4_1 at 4 bits with float minimums, Q6_K / Q8_0
+    # exact at 8 bits); xnnpack (``exporters.xnnpack.gguf_quant``: 4-bit blocks as 8da4w on their
+    # own codes, other weights 8da8w, the embedding on its grid)
     gguf_grid: bool = False
 
     def __post_init__(self) -> None:
@@ -113,14 +115,14 @@ BACKENDS: dict[Backend, BackendInfo] = {
 
 def _x(name: str, tol: float, top1: float, linear: str, emb: int = 0, *, head: str = "",
        fp32_linears: tuple[str, ...] = (), smooth: bool = False,
-       int4_plan: bool = False) -> QuantRecipe:  # fmt: skip
+       int4_plan: bool = False, gguf_grid: bool = False) -> QuantRecipe:  # fmt: skip
     bits = {"none": 32, "8da4w": 4, "8da8w": 8, "int8w": 8}[linear]
     acts = Activations.ROWS if linear.startswith("8da") else Activations.FLOAT
     size = 4.0 if bits == 32 else (0.6 if bits == 4 else 1.1)  # fp32 tables: int8 rows shrink them
     return QuantRecipe(name, Backend.XNNPACK, tol, top1, size, bits, acts,
                        8 if acts is Activations.ROWS else 32, linear=linear, head=head,
                        fp32_linears=fp32_linears, embedding_bits=emb, smooth=smooth,
-                       int4_plan=int4_plan)  # fmt: skip
+                       int4_plan=int4_plan, gguf_grid=gguf_grid)  # fmt: skip
 
 
 _FP32_8DA8W = ("down_proj", "o_proj", "v_proj", "q_proj", "k_proj")
@@ -134,6 +136,12 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # int4 plan keeps 72 of 96 at 8da8w: 13.8 / 0.901 (one layer-0 matmul; README)
         _x("8da4w", 8.0, 0.6, "8da4w", head="8da8w", int4_plan=True),
         _x("8da4w-emb8", 8.0, 0.6, "8da4w", 8, head="8da8w", int4_plan=True),
+        # gguf4: the GGUF's own blocks (exporters.xnnpack.gguf_quant): Q4_K / Q4_1 / Q4_0 as 8da4w on
+        # their codes and float minimums, other weights and the lm_head 8da8w, the embedding on its
+        # grid (4-bit Q4_K rows, exact Q8_0 blocks); reports/xnnpack_gguf4 (GGUF presets only).
+        # SmolLM2-135M (Q4_1) .pte 5.20 / 0.894; Qwen2.5-Coder-1.5B (Q4_K_M) .pte 21.0 / 0.946: refused
+        # (int8 per-token activations on Qwen's outlier channels)
+        _x("gguf4", 8.0, 0.6, "8da4w", 8, head="8da8w", gguf_grid=True),
         # 8da8w: SmoothQuant; down_proj (SwiGLU's outlier channels) and attention's linears in fp32.
         # Max |diff| / top-1 in eager on held-out text: SmolLM2-135M (579 rows), down + o + v in
         # fp32 2.28 / 0.955 (down_proj alone 4.89, down + v 6.48, all int8 8.05); Qwen2.5-0.5B (886

@@ -1,0 +1,190 @@
+"""XNNPACK ``gguf4`` (``exporters.xnnpack.gguf_quant``): linears built from a GGUF's own Q4_K
+blocks compute the dequantised weights' matmul (up to int8 activations), the embedding gathers the
+grid's rows exactly, a mismatching file is refused, and a tiny model with a written GGUF exports
+to a ``.pte`` that verifies against the eager model the GGUF dequantises to."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omnidraft_deploy.exporters.quant.gguf_grid import READERS, Grid
+
+from omnidraft_deploy.catalog.backends import get_recipe
+from omnidraft_deploy.catalog.presets import get_preset
+from omnidraft_deploy.reference.model import Transformer, build_model
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("executorch")
+pytest.importorskip("torchao")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+# byte widths of a K-quant super-block (256 weights) and where its fp16 scales sit
+K_QUANTS = {"Q4_K": (144, (0, 2)), "Q6_K": (210, (208,))}
+SPEC = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=320, dim=256, n_heads=4,
+                           n_kv_heads=2, intermediate_size=512, n_layers=2,
+                           tie_embeddings=False)  # fmt: skip
+PROMPTS = [[5, 9, 100, 3, 44, 17, 250], [7, 8]]
+REAL = Path("~/.cache/omnidraft-deploy/assets/qwen2.5-1.5b-gguf/"
+            "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf").expanduser()  # fmt: skip
+
+
+def k_blocks(kind: str, rows: int, cols: int, seed: int, d: float = 0.004) -> np.ndarray:
+    """Random K-quant rows ``(rows, cols / 256 * width)``: codes and 6/8-bit scales random, the
+    fp16 super-block scales small (the ``gguf`` package cannot quantise K-quants)."""
+    width, halves = K_QUANTS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows * cols // 256, width), dtype=np.uint8)
+    for off in halves:
+        scale = rng.uniform(0.2 * d, d, (len(raw), 1)).astype(np.float16)
+        raw[:, off : off + 2] = scale.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def test_int4_linear_from_q4_k_blocks_is_the_dequantised_matmul() -> None:
+
+    grid = READERS["Q4_K"](k_blocks("Q4_K", rows=48, cols=512, seed=1))
+    _assert_matmul(grid, seed=2)
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="the Qwen2.5-Coder-1.5B GGUF is not cached")
+def test_int4_linear_from_the_real_q4_k_tensor() -> None:
+    reader = gguf.GGUFReader(str(REAL))
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.attn_k.weight")
+    assert tensor.tensor_type.name == "Q4_K"
+    _assert_matmul(READERS["Q4_K"](np.asarray(tensor.data)), seed=3)
+
+
+def _assert_matmul(grid: Grid, seed: int) -> None:
+    """The eager ``Int4GroupLinear`` on ``grid`` equals ``x @ w.T`` (w: the GGUF dequantised)
+    within int8 per-token activation rounding, and a symmetric re-rounding of w does not."""
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_linear
+
+    n, k = grid.codes.shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, k, generator=gen)
+    w = torch.from_numpy(grid.dequantize())
+    bias = torch.randn(n, generator=gen) * 0.1
+    ref = x @ w.T + bias
+    with torch.no_grad():
+        got = grid_linear(grid, bias)(x)
+    rel = float((got - ref).norm() / ref.norm())
+    # int8 per-token activations: |x| / 254 per element on average, a ~0.3 % rms error here
+    assert 0 < rel < 0.01, rel
+    # the same computed exactly: int8 rows x the centred codes, fp32 group sums x the constants
+    step = torch.from_numpy(grid.scales())
+    centred = step.repeat_interleave(32, 1) * (torch.from_numpy(grid.codes).float() - 8)
+    constant = 8 * step - torch.from_numpy(grid.minimums())
+    sums = x.reshape(3, -1, 32).sum(-1)
+    exact = int8_rows(x) @ centred.T + sums @ constant.T + bias
+    assert float((got - exact).norm() / ref.norm()) < 1e-5
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """torchao's dynamic int8 per-token activations (asymmetric, -128..127), dequantised."""
+    lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
+    scale = (hi - lo) / 255
+    zero = (-128 - torch.round(lo / scale)).clamp(-128, 127)
+    return ((torch.round(x / scale) + zero).clamp(-128, 127) - zero) * scale
+
+
+def test_embedding_gathers_the_grid_rows_exactly() -> None:
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_embedding
+
+    pytest.importorskip("executorch.exir.passes._quant_patterns_and_replacements")
+    grid = READERS["Q4_K"](k_blocks("Q4_K", rows=10, cols=256, seed=4))
+    ids = torch.tensor([[3, 0, 9, 3]])
+    with torch.no_grad():
+        got = grid_embedding(grid)(ids)[0]
+    want = torch.from_numpy(grid.dequantize())[ids[0]]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    q8 = READERS["Q8_0"](gguf.quants.quantize(np.random.default_rng(5).standard_normal((10, 64)).astype(np.float32), T.Q8_0))  # fmt: skip
+    with torch.no_grad():
+        got8 = grid_embedding(q8)(ids)[0]
+    torch.testing.assert_close(got8, torch.from_numpy(q8.dequantize())[ids[0]], rtol=0, atol=0)
+
+
+def write_tiny_gguf(path: Path) -> Transformer:
+    """A GGUF of ``SPEC``'s tensors: Q4_K linears, a Q6_K ``ffn_down`` / ``attn_v`` in layer 1 and a
+    Q6_K output (as Q4_K_M stores them), a Q4_K embedding; and the eager model it dequantises to."""
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import _LINEARS
+
+    model = build_model(SPEC, seed=6, max_seq_len=32)
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    state = model.state_dict()
+    seed = 10
+
+    def put(key: str, eager: str, kind: str) -> None:
+        nonlocal seed
+        n, k = state[eager].shape
+        raw = k_blocks(kind, n, k, seed := seed + 1)
+        writer.add_tensor(key, raw, raw_dtype=T[kind])
+        state[eager] = torch.from_numpy(READERS[kind](raw).dequantize())
+
+    for i in range(SPEC.n_layers):
+        for part, where in _LINEARS.items():
+            six = i == 1 and part in ("attn_v", "ffn_down")
+            put(
+                f"blk.{i}.{part}.weight",
+                f"model.layers.{i}.{where}.weight",
+                "Q6_K" if six else "Q4_K",
+            )
+    put("token_embd.weight", "model.embed_tokens.weight", "Q4_K")
+    put("output.weight", "lm_head.weight", "Q6_K")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model.load_state_dict(state)
+    return model
+
+
+def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.verify import verify_artifact
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    recipe = get_recipe("xnnpack", "gguf4")
+    path = tmp_path / "target.pte"
+    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
+    assert facts["gguf_grid"]["matrices_4bit"] == 12 and facts["gguf_grid"]["matrices"] == 14
+    assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
+    assert {"quantize", "torch_export", "lower", "serialize"} <= set(facts["stages"])
+    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8
+    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12}
+    info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
+    result = verify_artifact(path, info, model, recipe, PROMPTS)
+    assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
+    assert result["top1_agreement"] >= 0.9
+
+
+def test_a_gguf_of_other_weights_is_refused(tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
+
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    other = build_model(SPEC, seed=7, max_seq_len=32)
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight .* does not match"):
+        gguf_quantized(other, tmp_path / "tiny.gguf")
+
+
+def test_zero_and_negative_scales_become_positive_steps_exactly() -> None:
+    """XNNPACK refuses a blockwise scale <= 0: Q4_K blocks with a 0 scale and Q4_0 blocks with a
+    negative ``d`` are rewritten on positive steps without changing a weight."""
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import positive_steps
+
+    raw = k_blocks("Q4_K", rows=4, cols=256, seed=8)
+    raw[:, 4:16] = 0  # every 6-bit scale and minimum 0: all blocks scale 0
+    raw[0, 4] = 5  # but a few
+    grids = [READERS["Q4_K"](raw),
+             READERS["Q4_0"](gguf.quants.quantize(np.random.default_rng(9).standard_normal((4, 256)).astype(np.float32), T.Q4_0))]  # fmt: skip
+    for grid in grids:
+        codes, step, constant = positive_steps(grid)
+        assert bool((step > 0).all()) and int(codes.max()) <= 15
+        n, k = codes.shape
+        w = step.repeat_interleave(32, 1) * (codes.float() - 8) + constant.repeat_interleave(32, 1)
+        torch.testing.assert_close(w, torch.from_numpy(grid.dequantize()), rtol=0, atol=1e-6)
+    assert bool((torch.from_numpy(grids[1].scales()) < 0).any())  # the Q4_0 case is exercised

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.common.peers import llama
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.bundle.manifest import Manifest
 from omnidraft_deploy.bundle.sections import GraphInfo
@@ -166,7 +167,7 @@ def prefill(bundle: Path, threads: int) -> dict[str, Any]:
 
 
 def llamacpp_prefill(gguf: Path, threads: int) -> dict[str, Any]:
-    llm = _llama(gguf, threads)
+    llm = llama(gguf, threads)
 
     def call(t: int) -> None:
         llm.reset()
@@ -177,16 +178,9 @@ def llamacpp_prefill(gguf: Path, threads: int) -> dict[str, Any]:
     return {"bundle": f"llama.cpp {gguf.name}", "ms_per_token": {t: v / t for t, v in ms.items()}}
 
 
-def _llama(gguf: Path, threads: int) -> Any:
-    from llama_cpp import Llama
-
-    return Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                 n_batch=512, verbose=False)  # fmt: skip
-
-
 def llamacpp_speed(gguf: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
     """llama.cpp's decode tok/s on ``gguf`` as ``speed`` measures ours (``llama-cpp-python``)."""
-    llm = _llama(gguf, threads)
+    llm = llama(gguf, threads)
     per_call: list[float] = []
     for text in texts(3):
         stamps: list[float] = []

@@ -140,14 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [f"# `omnidraft run --stats` on {a.bundle}\n", *meta_lines(meta),
             f"Prompt (chat template): {a.prompt!r}, {a.max_new_tokens} new tokens; one state "
             "folder, so run 1 measures the cost profile and hashes the files, later runs reuse "
-            "both.\n",
-            "| run | first text (s from process start) | wall (s) | speedup vs target-only | "
-            "acceptance | target tokens / call | host overhead (s) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for i, r in enumerate(runs, 1):
-        s = r["stats"]
-        rows.append(f"| {i} | {r['first_output_s']} | {r['wall_s']} | "
-                    f"{s.get('speedup_vs_target_only')}x | {s.get('acceptance_rate')} | "
-                    f"{s.get('tokens_per_target_call')} | {s.get('overhead_s')} |")  # fmt: skip
+            "both.\n", *TABLE_HEAD]  # fmt: skip
+    rows += [_row(str(i), r) for i, r in enumerate(runs, 1)]
     rows += ["", "Text of the last run:", "", "```", runs[-1]["text"].strip(), "```"]
     write_report(out / a.name, {"meta": meta, "runs": runs},
                  markdown=lambda _: "\n".join(rows) + "\n")  # fmt: skip

@@ -191,13 +191,19 @@ def genai_method(threads: int, max_new: int, folder: Path) -> Any:
     return run
 
 
+def llama(gguf: Path, threads: int) -> Any:
+    """llama.cpp on ``gguf`` as every benchmark here runs it: ``threads`` for decode and batches,
+    a 1024-token context, prompts in one batch of up to 512."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                 n_batch=512, verbose=False)  # fmt: skip
+
+
 def llamacpp_method(gguf: Path, threads: int, max_new: int) -> Any:
     """llama.cpp's plain greedy decode of the GGUF (its own sampler at temperature 0); needs
     ``llama-cpp-python``, built from its sdist (``pip install llama-cpp-python==0.3.36``)."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)  # fmt: skip
+    llm = llama(gguf, threads)
 
     def run(ids: list[int]) -> tuple[list[int], float, None]:
         llm.reset()

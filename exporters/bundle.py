@@ -40,6 +40,7 @@ from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, Manifest
 from omnidraft_deploy.bundle.sections import GraphInfo
 from omnidraft_deploy.catalog.backends import Backend, get_backend, get_recipe
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
+from omnidraft_deploy.checks.expected import EXPECTED_FILE, EXPECTED_ROLE
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.resolve.load import load_model
 
@@ -172,6 +173,7 @@ def export_bundle(
     prompts: dict[str, Sequence[Sequence[int]]] | None = None,
     opener: Callable[[Path], Any] | None = None,
     drafter_from: Path | None = None,
+    target_from: Path | None = None,
 ) -> Path:
     """Write the bundle folder ``cfg.out_dir`` and return it (see the module docstring).
 
@@ -187,6 +189,10 @@ def export_bundle(
     folder at ``cfg.out_dir`` stays as it was).
     drafter_from: a bundle of the same drafter, backend and recipe whose drafter graph files and
     description are linked in instead of exported and verified again (``exporters.multi``).
+    target_from: the same for the target (``--target-from``: a new drafter for a target exported
+    once); that bundle's ``expected.json`` comes along, since it records what this very target
+    graph computes, and ``derived_files`` is not called. The bundle must hold the same weights,
+    backend, recipe and context, or ``ValueError`` names what differs.
     """
     if not cfg.verify:
         verify = None
@@ -204,19 +210,24 @@ def export_bundle(
     with atomic_bundle_dir(cfg.out_dir) as tmp:
         graphs: dict[str, GraphInfo] = {}
         model: Transformer | None = None
+        linked = {"drafter": drafter_from, "target": target_from}
         for role in tqdm(ROLES, desc=f"export {cfg.backend}/{cfg.quantization}", unit="graph"):
             # the target comes last (ROLES) and stays loaded for ``derived_files``; the drafter's
             # model is freed before the target loads
             model = None
-            if role == "drafter" and drafter_from is not None:
-                graphs[role] = _link_drafter(drafter_from, tmp, extras)
+            if (source := linked[role]) is not None:
+                graphs[role] = _link_graph(source, role, tmp, extras, cfg)
                 continue
             graphs[role], model = _export_role(
                 cfg, role, tmp, verify=verify,
                 eos_ids=(eos_ids or {}).get(role, ()), bundle_hash=mapping_hash, extras=extras,
             )  # fmt: skip
-        assert model is not None
-        derived = derived_files(tmp, graphs, model) if derived_files is not None else {}
+        if target_from is not None:
+            old = target_from / EXPECTED_FILE
+            derived = {EXPECTED_FILE: (old.read_bytes(), EXPECTED_ROLE)} if old.is_file() else {}
+        else:
+            assert model is not None
+            derived = derived_files(tmp, graphs, model) if derived_files is not None else {}
         model = None
         roles = file_roles(tmp, graphs) | _write_files(
             tmp, (extra_files or {}) | derived, tokenizer_dirs or {}
@@ -233,20 +244,37 @@ def export_bundle(
     return Path(cfg.out_dir)
 
 
-def _link_drafter(bundle: Path, tmp: Path, extras: dict[str, Any]) -> GraphInfo:
-    """The drafter graph files of ``bundle`` (hard links where the file system allows), its
-    description and export facts: the drafter exported (and verified) once for several targets."""
+def _link_graph(bundle: Path, role: str, tmp: Path, extras: dict[str, Any],
+                cfg: ExportConfig) -> GraphInfo:  # fmt: skip
+    """The ``role`` graph files of ``bundle`` (hard links where the file system allows), its
+    description and export facts: a graph exported (and verified) once, reused. ``ValueError``
+    when ``bundle`` does not hold the graph ``cfg`` asks for (weights, backend, recipe, context)."""
     from omnidraft_deploy.bundle.folder import verify_bundle
+    from omnidraft_deploy.resolve.weights_spec import weights_record
 
     manifest = verify_bundle(bundle)
+    info = manifest.graphs[role]
+    model = cfg.target_model if role == "target" else cfg.drafter_model
+    wanted = {"backend": cfg.backend, "recipe": cfg.recipe_name(role),
+              "max_seq_len": cfg.max_seq_len, "preset": cfg.specs[role].name,
+              "weights": None if model is None else weights_record(model)}  # fmt: skip
+    found = {"backend": manifest.backend, "recipe": info.quantization,
+             "max_seq_len": info.max_seq_len, "preset": info.preset,
+             "weights": manifest.extras.get(f"{role}_model")}  # fmt: skip
+    differ = [f"{k} {found[k]!r} (wanted {wanted[k]!r})" for k in wanted if found[k] != wanted[k]]
+    if differ:
+        raise ValueError(
+            f"{bundle}: its {role} graph is not the one asked for: {'; '.join(differ)}"
+        )
     for rel in manifest.files:
-        if rel.startswith("drafter") and "/" not in rel:  # drafter.onnx, .ort, .onnx.data
+        if rel.startswith(role) and "/" not in rel:  # <role>.onnx, .ort, .onnx.data, .pte
             try:
                 os.link(bundle / rel, tmp / rel)
             except OSError:
                 shutil.copyfile(bundle / rel, tmp / rel)
-    extras["drafter"] = manifest.extras.get("drafter", {})
-    return manifest.graphs["drafter"]
+    extras[role] = manifest.extras.get(role, {})
+    extras[f"{role}_from"] = str(bundle)
+    return info
 
 
 def open_staged(tmp: Path, listed: list[str], name: str, opener: Callable[[Path], Any]) -> None:

@@ -47,12 +47,14 @@ def resolve_inputs(cfg: ExportConfig) -> ExportInputs:
 def export_pair(
     cfg: ExportConfig, inputs: ExportInputs | None = None, *, verify: Verify | None = None,
     opener: Callable[[Path], Any] | None = None, drafter_from: Path | None = None,
+    target_from: Path | None = None,
 ) -> Path:  # fmt: skip
     """Write the bundle at ``cfg.out_dir`` (module docstring) and return its folder.
 
     ``verify``: replaces the built-in graph check (``exporters.verify``); ``opener(staged folder)``
     raises to refuse the bundle before it is published (the CLI: the runtime's opener);
-    ``drafter_from``: a bundle whose drafter graph is reused (``export_bundle``).
+    ``drafter_from`` / ``target_from``: a bundle whose drafter / target graph is reused
+    (``export_bundle``; ``--target-from``: a new drafter for a target exported once).
     """
     inputs = inputs or resolve_inputs(cfg)
     vocab = PairVocab.of(inputs.target.tokenizer, inputs.drafter.tokenizer)  # the resolved ones
@@ -73,6 +75,7 @@ def export_pair(
         verify=verify,
         opener=opener,
         drafter_from=drafter_from,
+        target_from=target_from,
     )
 
 

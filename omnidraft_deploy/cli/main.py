@@ -31,7 +31,14 @@ from omnidraft_deploy.cli.parser import (
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from omnidraft_deploy.resolve.out_dir import InputError
+
+    if args.target_from and not (Path(args.target_from) / "manifest.json").is_file():
+        raise InputError("--target-from", f"{args.target_from}: not a bundle (no manifest.json)")
     if args.target is not None and "," in args.target:
+        if args.target_from:
+            raise InputError("--target-from", "reuses the target of a one-target bundle; "
+                             "a multi-target export exports every target")  # fmt: skip
         return _cmd_export_multi(args)
     from omnidraft_deploy.resolve.context import choose_max_seq_len
     from omnidraft_deploy.resolve.export_inputs import resolve_export  # no torch import before
@@ -62,7 +69,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
         drafter_model=d.weights if args.drafter_model else None,
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
-        path = export_pair(cfg, inputs, opener=check_bundle)  # never publish what open refuses
+        target_from = Path(args.target_from) if args.target_from else None  # no target export
+        path = export_pair(cfg, inputs, opener=check_bundle, target_from=target_from)  # never
+        # publish what open refuses
     manifest = json.loads((path / "manifest.json").read_text())
     size = sum(f["size"] for f in manifest["files"].values()) / 1e6
     parity = manifest["graphs"]["target"].get("parity", {})

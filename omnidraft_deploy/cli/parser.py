@@ -91,6 +91,9 @@ def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
                    "models' own context, capped by a KV budget; the export prints it)")  # fmt: skip
     p.add_argument("--draft-len", type=int, default=4, help="drafter proposals per step")
     p.add_argument("--no-verify", action="store_true", help="skip reload + parity with eager")
+    p.add_argument("--target-from", metavar="BUNDLE", help="reuse this bundle's verified target "
+                   "graph (same weights, backend, recipe, context): only the drafter is exported, "
+                   "e.g. a drafter distilled for that target")  # fmt: skip
     p.add_argument("--reference-prompts", type=int, metavar="N", help="record the eager target's "
                    "output (expected.json, what validate checks) on N of the shipped prompts, "
                    "spread over the tasks (default: all 12)")  # fmt: skip

@@ -89,10 +89,10 @@ def teach(a: argparse.Namespace) -> None:
     tok = load_bundle_tokenizer(b.root, "target", b.manifest.files)
     eos = set(tok.eos_ids)
     answer = _teacher(a, b, b.mapper.target_vocab_size)
-    path = WORK / a.name / "replies.jsonl"
+    path = WORK / a.name / ("replies-rev.jsonl" if a.reverse else "replies.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     done = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-    todo = _requests(a.per_task, a.seed)[len(done) :]
+    todo = _requests(a.per_task, a.seed)[:: -1 if a.reverse else 1][len(done) :]
     t0 = time.time()
     for i, (task, text) in enumerate(todo):
         prompt = tok.encode(render_chat(getattr(tok, "chat_template", None), text))
@@ -109,9 +109,13 @@ def _rows(a: argparse.Namespace) -> tuple[list[chat_kd.KDRow], list[chat_kd.KDRo
     from omnidraft_deploy.vocab.pair import load_pair_vocab
 
     mapper = load_pair_vocab(get_preset(a.target), get_preset(a.drafter)).mapper
-    replies = [json.loads(x) for x in (WORK / a.name / "replies.jsonl").read_text().splitlines()]
+    replies: dict[str, dict[str, Any]] = {}  # text -> reply, both teach directions
+    for path in sorted((WORK / a.name).glob("replies*.jsonl")):
+        replies |= {(r := json.loads(x))["text"]: r for x in path.read_text().splitlines()}
     rows = [
-        chat_kd.kd_row(mapper, r["prompt"], r["reply"], a.max_len) for r in replies if r["reply"]
+        chat_kd.kd_row(mapper, r["prompt"], r["reply"], a.max_len)
+        for r in replies.values()
+        if r["reply"]
     ]
     held = [r for i, r in enumerate(rows) if i % 10 == 9]
     return [r for i, r in enumerate(rows) if i % 10 != 9], held
@@ -230,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--per-task", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--reverse", action="store_true", help="from the last request back, into "
+                   "replies-rev.jsonl: a second teacher process beside the first")  # fmt: skip
     r = sub.choices["train"]
     r.add_argument("--epochs", type=int, default=2)
     r.add_argument("--lr", type=float, default=3e-5)

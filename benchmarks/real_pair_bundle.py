@@ -15,6 +15,10 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 - ``ours_hybrid_smollm2``: the same plus lookup drafts, chosen per step by the cost model;
 - ``ours_lookup``: lookup drafts alone (no drafter model);
 - ``ours_family``: the family bundle's drafter (same vocabulary as the target; ``--family-bundle``);
+- ``ours_smollm2_kd`` / ``ours_hybrid_smollm2_kd``: the drafter of ``--kd-bundle`` (the same
+  drafter distilled for this target, ``benchmarks/kd_drafter.py``, exported with
+  ``--target-from``) in place of the bundle's, without / with lookup: base and distilled drafter
+  timed in one run, against the same target calls;
 - ``genai_target``: ONNX Runtime GenAI target-only on its builder's graph of the same weights;
 - ``llamacpp_target``: llama.cpp's plain decode of the same GGUF (``llama-cpp-python``, built from
   its sdist: ``pip install llama-cpp-python==0.3.36``; the ``bench`` extra does not pull it).
@@ -76,16 +80,19 @@ def _decoder(bundle: OpenBundle, prof: CostProfile, cfg: DecodeConfig, *, model:
                         ngram_cache=cache, lookup=lookup)  # fmt: skip
 
 
-def _profiles(bundle: OpenBundle, family: OpenBundle | None, reps: int) -> dict[str, CostProfile]:
+def _profiles(
+    bundle: OpenBundle, others: dict[str, OpenBundle], reps: int
+) -> dict[str, CostProfile]:
     """The bundle's profiles as ``run`` measures them (its drafter as ``smollm2``, ``""`` for
-    lookup), plus the family drafter timed against the same target calls."""
-    others = {"family": family.drafter} if family else {}
+    lookup), plus the other bundles' drafters (``family``, ``smollm2_kd``) timed against the
+    same target calls."""
+    others = {name: b.drafter for name, b in others.items()}
     profs = measure_bundle(bundle, k_max=2 * bundle.manifest.draft_len, reps=reps, others=others)
     profs["smollm2"] = profs.pop("drafter")
     return profs
 
 
-def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None,
+def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBundle],
             profs: dict[str, CostProfile]) -> dict[str, RunFn]:  # fmt: skip
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     base = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
@@ -98,11 +105,16 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, family: OpenBundle | None
             ("ours_hybrid_smollm2", "smollm2", True, True),
             ("ours_lookup", "", False, True),
         ]
-        if family is not None:
+        if "family" in others:
             rows.append(("ours_family", "family", True, False))
+        if "smollm2_kd" in others:
+            rows += [
+                ("ours_smollm2_kd", "smollm2_kd", True, False),
+                ("ours_hybrid_smollm2_kd", "smollm2_kd", True, True),
+            ]
         for name, prof, model, look in rows:
             dec = _decoder(bundle, profs[prof], base, model=model, lookup=look,
-                           drafter=family if prof == "family" else None)  # fmt: skip
+                           drafter=others.get(prof))  # fmt: skip
             m[name] = decoder_run(dec, profile=profs[prof])
         if a.genai:
             m["genai_target"] = peers.genai_method(a.threads, a.max_new_tokens, Path(a.genai))
@@ -136,13 +148,14 @@ def _spinning_sessions(bundle: OpenBundle, threads: int, spinning: str) -> None:
 def cmd_run(a: argparse.Namespace) -> None:
     load0, t0 = os.getloadavg(), time.perf_counter()
     bundle = open_bundle(a.bundle, threads=a.threads)
-    family = open_bundle(a.family_bundle, threads=a.threads) if a.family_bundle else None
+    others = {name: open_bundle(path, threads=a.threads)
+              for name, path in (("family", a.family_bundle), ("smollm2_kd", a.kd_bundle)) if path}  # fmt: skip
     if a.ort_spinning != "in-call":  # the runtime's sessions are opened so
         _spinning_sessions(bundle, a.threads, a.ort_spinning)
-    profs = _profiles(bundle, family, a.reps)
+    profs = _profiles(bundle, others, a.reps)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     prompts = load_prompts(tok, a.tasks.split(","), a.per_task)
-    meths = methods(a, bundle, family, profs)
+    meths = methods(a, bundle, others, profs)
     if a.methods:
         keep = a.methods.split(",")
         unknown = sorted(set(keep) - set(meths))
@@ -154,7 +167,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     target = bundle.manifest.graphs["target"]
     meta = {**run_meta(threads=a.threads), **res.meta, "tasks": a.tasks,
             "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
-            "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle,
+            "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle, "kd_bundle": a.kd_bundle,
             "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "modes": a.modes,
             "load_s": load_s, "load_avg_run_start": load0}  # fmt: skip
     out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in profs.items()},
@@ -244,6 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bundle", required=True)
     p.add_argument("--family-bundle", default=None, help="a bundle whose drafter shares the "
                    "target's vocabulary (its target graph is not used)")  # fmt: skip
+    p.add_argument("--kd-bundle", default=None, help="a bundle of the same drafter distilled for "
+                   "this target (its target graph is not used): the _kd rows")  # fmt: skip
     p.add_argument("--gguf", default=None, help="the target's GGUF: adds llama.cpp's plain decode")
     p.add_argument("--genai", default=None, help="ORT GenAI folder of the same weights")
     p.add_argument("--threads", type=int, default=2)

@@ -52,6 +52,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     inputs = resolve_export(
         target=args.target, drafter=args.drafter, model=args.model,
         drafter_model=args.drafter_model, out_dir=out, force=args.force, quantization=quant,
+        reuse_target=bool(args.target_from),
     )  # fmt: skip
     max_seq_len, context_note = choose_max_seq_len(inputs, args.max_seq_len)
     for note in (*inputs.notes, context_note, *_left_out(args)):

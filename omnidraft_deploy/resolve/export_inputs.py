@@ -297,14 +297,16 @@ def role_inputs(role: str, preset: str | ModelSpec | None, weights: str | None) 
 def resolve_export(
     *, target: str | ModelSpec | None, drafter: str | ModelSpec | None, model: str | None,
     drafter_model: str | None, out_dir: Path, force: bool, quantization: str,
+    reuse_target: bool = False,
 ) -> ExportInputs:  # fmt: skip
     """All of ``omnidraft-export``'s inputs, checked (module docstring); raises ``InputError``.
     ``target`` / ``drafter`` None: the weights' own spec when weights are given, else the
-    default preset."""
+    default preset. ``reuse_target`` (``--target-from``): only the drafter is exported, so only
+    it counts in the memory and disk estimates."""
     replaces = check_out_dir(out_dir, force=force)
     t = role_inputs("target", target, model)
     d = role_inputs("drafter", drafter, drafter_model)
-    notes = check_resources(out_dir, t.n_params + d.n_params, quantization)
+    notes = check_resources(out_dir, d.n_params + (0 if reuse_target else t.n_params), quantization)
     if t.weights is not None and d.spec.source is Source.RANDOM and d.weights is None:
         notes += (f"the drafter {d.spec.name} has random weights: expect no accepted drafts "
                   "with a real target (pass --drafter-model, or --drafter smollm2-135m)",)  # fmt: skip

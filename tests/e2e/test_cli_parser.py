@@ -20,7 +20,8 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
             if a.option_strings and not isinstance(a, argparse._HelpAction)]  # fmt: skip
 
 
-FLAG_BUDGET = {"run": 13}  # run: its 12 decoding flags and --no-server (bypass `omnidraft serve`)
+FLAG_BUDGET = {"run": 13, "export": 13}  # run: its 12 decoding flags and --no-server (bypass
+# `omnidraft serve`); export: --target-from (a new drafter for a target exported once)
 
 
 def test_every_verb_has_its_handler_and_at_most_12_flags() -> None:

@@ -35,7 +35,9 @@ class OutlierSplitLinear(nn.Module):
         super().__init__()
         n, k = columns.shape
         if idx.dim() != 1 or idx.numel() != k:
-            raise ValueError(f"outlier split: {idx.numel()} channels, columns {tuple(columns.shape)}")
+            raise ValueError(
+                f"outlier split: {idx.numel()} channels, columns {tuple(columns.shape)}"
+            )
         self.inner = inner
         self.register_buffer("idx", idx.to(torch.long).clone())  # (k,) the channels (report only)
         self.register_buffer("columns", columns.detach().float().contiguous())  # (N, k)
@@ -92,6 +94,7 @@ def split_outliers(shell: nn.Module, model: nn.Module, channels: dict[str, Tenso
     same path; returns how many were wrapped."""
     for name, idx in channels.items():
         weight = model.get_submodule(name).weight
+        assert isinstance(weight, Tensor)
         owner, _, attr = name.rpartition(".")
         parent = shell.get_submodule(owner)
         setattr(parent, attr, OutlierSplitLinear.wrap(getattr(parent, attr), weight, idx))

@@ -131,7 +131,9 @@ def test_a_massive_channel_breaks_plain_int8_rows_not_the_split() -> None:
     assert plain_err > 0.5, plain_err  # the int8 step (~19) swamps channels of size ~1
     assert split_err < 0.05, split_err
     # ordinary rows are no worse for the split
-    assert float((got_split[1:] - ref[1:]).abs().max()) <= 1.5 * float((got_plain[1:] - ref[1:]).abs().max())
+    assert float((got_split[1:] - ref[1:]).abs().max()) <= 1.5 * float(
+        (got_plain[1:] - ref[1:]).abs().max()
+    )
 
 
 def test_outlier_channels_are_the_largest_inputs_on_calibration_text() -> None:
@@ -141,7 +143,9 @@ def test_outlier_channels_are_the_largest_inputs_on_calibration_text() -> None:
     with torch.no_grad():  # a post-attention norm weight with two huge channels
         model.model.layers[1].post_attention_layernorm.weight[[5, 77]] = 400.0
     got = outlier_channels(model, PROMPTS, k=2, kinds=("gate_proj", "up_proj"))
-    assert set(got) == {f"model.layers.{i}.mlp.{p}" for i in range(2) for p in ("gate_proj", "up_proj")}
+    assert set(got) == {
+        f"model.layers.{i}.mlp.{p}" for i in range(2) for p in ("gate_proj", "up_proj")
+    }
     assert got["model.layers.1.mlp.gate_proj"].tolist() == [5, 77]
     assert torch.equal(got["model.layers.1.mlp.up_proj"], got["model.layers.1.mlp.gate_proj"])
 
@@ -209,16 +213,24 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.verify import verify_artifact
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+    from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     recipe = get_recipe("xnnpack", "gguf4")
     path = tmp_path / "target.pte"
-    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
+    outliers = outlier_channels(model, PROMPTS, k=3)  # gate / up of both layers
+    assert len(outliers) == 4
+    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf",
+                       outliers=outliers)  # fmt: skip
     assert facts["gguf_grid"]["matrices_4bit"] == 12 and facts["gguf_grid"]["matrices"] == 14
     assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
     assert {"quantize", "torch_export", "lower", "serialize"} <= set(facts["stages"])
-    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8
-    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12}
+    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8;
+    # each of the 4 split linears adds 2 fp32 ones (the one-hot selection, the exact columns)
+    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12 + 8}
+    # the split's mask and selection run in XNNPACK (only the rope tables' gathers do not)
+    left = facts["non_delegated_ops"]
+    assert "aten_mul_tensor" not in left and left.get("aten_index_select_default", 0) <= 2, left
     info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
@@ -251,3 +263,18 @@ def test_zero_and_negative_scales_become_positive_steps_exactly() -> None:
         w = step.repeat_interleave(32, 1) * (codes.float() - 8) + constant.repeat_interleave(32, 1)
         torch.testing.assert_close(w, torch.from_numpy(grid.dequantize()), rtol=0, atol=1e-6)
     assert bool((torch.from_numpy(grids[1].scales()) < 0).any())  # the Q4_0 case is exercised
+
+
+def test_spill_maps_anonymous_weights_and_skips_file_backed_ones(tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.xnnpack.spill import _inside, file_mappings, spill_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 512), torch.nn.LayerNorm(8))
+    before = model[0].weight.detach().clone()
+    assert not _inside(model[0].weight, file_mappings())
+    assert spill_weights(model, tmp_path) == 1024 * 512 * 4  # the small parameters stay
+    assert _inside(model[0].weight, file_mappings()) and not _inside(
+        model[1].weight, file_mappings()
+    )
+    assert torch.equal(model[0].weight, before)
+    assert spill_weights(model, tmp_path) == 0  # file-backed now: not copied again
+    assert not list(tmp_path.iterdir())

@@ -3,6 +3,17 @@ reference, per prompt position: where the largest logit differences sit.
 
     flock /tmp/omnidraft-bigmem.lock python -m benchmarks.gguf4_eager_parity --preset qwen2.5-1.5b \
         --prompts 3 --out reports/xnnpack_gguf4/eager_rows.json
+    ... --split gate_proj,up_proj --k 4 --parity-prompts 12 --out reports/xnnpack_gguf4/F.json
+
+``--split KINDS``: those linears' inputs get ``--k`` outlier channels (``exporters.xnnpack.outliers``,
+chosen on ``--calib`` held-out calibration prompts) in an exact fp32 side matmul.
+``--fast``: every torchao linear (the 4-bit codes, the 8-bit weights) replaced by the same int8
+per-token activations (``int8_rows``) times its weight dequantised once, instead of torchao
+dequantising every weight on every call (12 prompts took over an hour on the 1.5B); checked
+against torchao on one linear per kind (``emulation_max_rel_diff`` in the output).
+``--parity-prompts N``: also ``checks.parity.parity`` (the export's verification rows: prefill,
+greedy single steps, a rollback) of the eager shell against fp32 on N shipped prompts: the
+top-1 that ``benchmarks.gguf_bundle top1`` reads from a bundle.
 """
 
 from __future__ import annotations
@@ -32,13 +43,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fp32", default="", help="linear kinds (e.g. down_proj) put back at fp32: "
                     "which linears' int8 activations carry the error")  # fmt: skip
+    ap.add_argument("--split", default="", help="linear kinds whose inputs get outlier channels")
+    ap.add_argument("--k", type=int, default=4, help="outlier channels per split input")
+    ap.add_argument("--calib", type=int, default=8, help="held-out calibration prompts")
+    ap.add_argument("--parity-prompts", type=int, default=0)
+    ap.add_argument("--fast", action="store_true", help="int8-row emulation of torchao's linears")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load0, t0 = os.getloadavg(), time.time()
     spec = get_preset(a.preset)
     model = load_model(spec, max_seq_len=256).eval()
-    quant, share = gguf_quantized(model, gguf_file(spec))
+    split = tuple(k for k in a.split.split(",") if k)
+    channels = {}
+    if split:
+        from omnidraft_deploy.exporters.quant.calibration import calibration_ids
+        from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+
+        calib = calibration_ids(spec.tokenizer, model.args.vocab_size)[: a.calib]
+        channels = outlier_channels(model, calib, a.k, split)
+    quant, share = gguf_quantized(model, gguf_file(spec), channels)
+    emulation = emulate_torchao(quant) if a.fast else {}
     kinds = tuple(k for k in a.fp32.split(",") if k)
     for name, module in model.named_modules():  # the eager fp32 linear back into the shell
         if name.rsplit(".", 1)[-1] in kinds:
@@ -54,13 +79,65 @@ def main() -> None:
             rows.append({"prompt": p, "position": i, "max_abs_diff": float((got[i] - ref[i]).abs().max()),
                          "top1_same": int(got[i].argmax()) == int(ref[i].argmax())})  # fmt: skip
     worst = sorted(rows, key=lambda r: -r["max_abs_diff"])[:8]
-    out = {"preset": a.preset, "share": share.__dict__, "fp32": kinds, "rows": len(rows),
+    checked = {}
+    if a.parity_prompts:
+        from omnidraft_deploy.checks.parity import eager_step, parity
+
+        model.reset_cache()
+        quant.reset_cache()
+        ids12 = prompt_ids(spec.tokenizer, model.args.vocab_size, n=a.parity_prompts)
+        checked = parity(eager_step(quant), eager_step(model), ids12)
+    out = {"preset": a.preset, "share": share.__dict__, "fp32": kinds, "split": split, "k": a.k,
+           "calib_prompts": a.calib if split else 0, "parity": checked,
+           "fast": a.fast, "emulation_max_rel_diff": emulation,
+           "channels": {n: c.tolist() for n, c in channels.items()}, "rows": len(rows),
            "top1": sum(r["top1_same"] for r in rows) / len(rows), "worst": worst,
            "max_abs_diff_excluding_position_0": max(r["max_abs_diff"] for r in rows if r["position"]),
            "seconds": round(time.time() - t0, 1), "load_avg_start": load0,
            "load_avg_end": os.getloadavg()}  # fmt: skip
     write_text_atomic(a.out, json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """torchao's dynamic int8 per-token activations (asymmetric, -128..127), dequantised."""
+    lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
+    scale = ((hi - lo) / 255).clamp(min=torch.finfo(torch.float32).eps)
+    zero = (-128 - torch.round(lo / scale)).clamp(-128, 127)
+    return ((torch.round(x / scale) + zero).clamp(-128, 127) - zero) * scale
+
+
+class Int8RowsLinear(torch.nn.Module):
+    """``int8_rows(x) @ W.T + b`` with ``W`` a torchao weight dequantised once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(int8_rows(x), self.weight, self.bias)
+
+
+def emulate_torchao(model: torch.nn.Module) -> dict[str, float]:
+    """Replace each torchao-quantised ``nn.Linear`` of ``model`` by ``Int8RowsLinear``; returns,
+    per linear kind, the largest relative difference from torchao on a random 5-row input."""
+    checked: dict[str, float] = {}
+    gen = torch.Generator().manual_seed(0)
+    for name, m in list(model.named_modules()):
+        if not isinstance(m, torch.nn.Linear) or type(m.weight) in (
+            torch.Tensor,
+            torch.nn.Parameter,
+        ):
+            continue
+        fast = Int8RowsLinear(m.weight.dequantize().float(), m.bias)
+        kind = name.rsplit(".", 2)[-2] + "." + name.rsplit(".", 1)[-1]
+        if kind not in checked:
+            x = torch.randn(5, m.in_features, generator=gen)
+            want = m(x)
+            checked[kind] = float((fast(x) - want).abs().max() / want.abs().max())
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, fast)
+    return checked
 
 
 if __name__ == "__main__":

@@ -59,16 +59,38 @@ def export_xnnpack(
                 "int4": sum(b == 4 for b in plan.values()),
                 "matmuls": len(plan),
             }
-    gguf = None
+    gguf, outliers = None, None
     if recipe.gguf_grid:  # the quantised model is built from the GGUF's own blocks
         from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file
         from omnidraft_deploy.exporters.xnnpack.spill import spill_weights
 
         gguf = gguf_file(spec)
+        outliers, extras["outliers"] = _outliers(model, info)
         # nothing before verification reads the eager weights again: file-backed until then
         extras["spilled_bytes"] = spill_weights(model, out_dir)
     coverage = export_pte(model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids,
-                          bundle_hash=bundle_hash, bits=bits, gguf=gguf)  # fmt: skip
+                          bundle_hash=bundle_hash, bits=bits, gguf=gguf,
+                          outliers=outliers)  # fmt: skip
     if "gguf_grid" in coverage:
         extras["gguf_grid"] = coverage.pop("gguf_grid")
     return info, extras | {"stages": coverage.pop("stages"), "op_coverage": coverage}
+
+
+def _outliers(model: Transformer, info: GraphInfo) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gate / up inputs' outlier channels on held-out calibration text (``outliers``), and
+    the figures for the export report (channels per linear, seconds)."""
+    from omnidraft_deploy.exporters.quant.calibration import calibration_ids
+    from omnidraft_deploy.exporters.xnnpack.outliers import (
+        CALIBRATION_PROMPTS,
+        DEFAULT_K,
+        DEFAULT_KINDS,
+        outlier_channels,
+    )
+
+    t0 = time.perf_counter()
+    prompts = calibration_ids(info.tokenizer, info.vocab_size)[:CALIBRATION_PROMPTS]
+    channels = outlier_channels(model, prompts, DEFAULT_K, DEFAULT_KINDS)
+    figures = {"k": DEFAULT_K, "kinds": list(DEFAULT_KINDS), "prompts": len(prompts),
+               "seconds": round(time.perf_counter() - t0, 2),
+               "channels": {name: idx.tolist() for name, idx in channels.items()}}  # fmt: skip
+    return channels, figures

@@ -67,8 +67,12 @@ class GridShare:
     head: str
 
 
-def gguf_quantized(model: Transformer, gguf: Path) -> tuple[nn.Module, GridShare]:
-    """A quantised shell of ``model`` built from ``gguf``'s blocks (see the module docstring)."""
+def gguf_quantized(
+    model: Transformer, gguf: Path, outliers: dict[str, Tensor] | None = None
+) -> tuple[nn.Module, GridShare]:
+    """A quantised shell of ``model`` built from ``gguf``'s blocks (see the module docstring);
+    ``outliers``: module path -> input channels taken out of the int8 activations into an exact
+    fp32 side matmul (``outliers.OutlierSplitLinear``; the 4-bit codes unchanged)."""
     import gguf as gguf_py
 
     # defines quantized_decomposed::embedding_byte / embedding_4bit (eager + export)
@@ -93,6 +97,10 @@ def gguf_quantized(model: Transformer, gguf: Path) -> tuple[nn.Module, GridShare
     if "output.weight" in tensors:
         head_grid = _checked(tensors["output.weight"], model.lm_head.weight, gguf)
     shell.lm_head = _linear8(head_grid, None)
+    if outliers:
+        from omnidraft_deploy.exporters.xnnpack.outliers import split_outliers
+
+        split_outliers(shell, model, outliers)
     share = GridShare(sum(b == 4 for b, _ in bits), len(bits), sum(n for b, n in bits if b == 4),
                       sum(n for _, n in bits), f"{emb.bits}-bit {emb.source}",
                       f"8da8w from {head_grid.source}")  # fmt: skip

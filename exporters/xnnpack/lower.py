@@ -195,6 +195,7 @@ def export_pte(
     fast: bool = True,
     bits: Mapping[str, int] | None = None,
     gguf: Path | None = None,
+    outliers: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
     stage, and the RSS left once the stage's garbage is freed). ``model`` is not modified.
@@ -203,7 +204,8 @@ def export_pte(
     ``fast``: lower under ``fast_lowering`` (the same program, sooner).
     ``bits``: an 8da4w recipe's plan (module path -> 4 or 8, ``quantize.quantize_eager``).
     ``gguf``: a ``gguf_grid`` recipe's GGUF, whose blocks the quantised model is built from
-    (``gguf_quant``); its 4-bit share goes into the result as ``gguf_grid``.
+    (``gguf_quant``); its 4-bit share goes into the result as ``gguf_grid``; ``outliers`` its
+    linears' input channels kept out of the int8 activations (``outliers.OutlierSplitLinear``).
     Each stage drops what the next no longer needs (the quantised eager model once exported, the
     exported program once lowered), so the peak is one stage's, not their sum.
     """
@@ -220,7 +222,7 @@ def export_pte(
         if gguf is not None:
             from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
 
-            quantized, share = gguf_quantized(model, gguf)
+            quantized, share = gguf_quantized(model, gguf, dict(outliers or {}))
             facts["gguf_grid"] = dataclasses.asdict(share)
         else:
             quantized = quantize_eager(model, recipe, bits)

@@ -74,13 +74,80 @@ def _assert_matmul(grid: Grid, seed: int) -> None:
     rel = float((got - ref).norm() / ref.norm())
     # int8 per-token activations: |x| / 254 per element on average, a ~0.3 % rms error here
     assert 0 < rel < 0.01, rel
-    # the same computed exactly: int8 rows x the centred codes, fp32 group sums x the constants
+    exact = grid_exact(grid, x) + bias
+    assert float((got - exact).norm() / ref.norm()) < 1e-5
+
+
+def grid_exact(grid: Grid, x: torch.Tensor) -> torch.Tensor:
+    """What ``Int4GroupLinear`` computes, done exactly: int8 rows x the centred codes, fp32 group
+    sums x the constants."""
     step = torch.from_numpy(grid.scales())
     centred = step.repeat_interleave(32, 1) * (torch.from_numpy(grid.codes).float() - 8)
     constant = 8 * step - torch.from_numpy(grid.minimums())
-    sums = x.reshape(3, -1, 32).sum(-1)
-    exact = int8_rows(x) @ centred.T + sums @ constant.T + bias
-    assert float((got - exact).norm() / ref.norm()) < 1e-5
+    sums = x.reshape(len(x), -1, 32).sum(-1)
+    return int8_rows(x) @ centred.T + sums @ constant.T
+
+
+def _split_case(seed: int) -> tuple[Grid, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K linear, its exact weight, and a batch of inputs whose row 0 is a sink row: two
+    channels thousands of times larger than the rest (Qwen2.5's post-attention norm output)."""
+    grid = READERS["Q4_K"](k_blocks("Q4_K", rows=64, cols=512, seed=seed))
+    w = torch.from_numpy(grid.dequantize())
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(seed + 1))
+    idx = torch.tensor([17, 300])
+    x[0, idx] = torch.tensor([3000.0, -1800.0])
+    return grid, w, x, idx
+
+
+def test_outlier_split_is_the_exact_matmul_up_to_the_other_channels_int8() -> None:
+    """``OutlierSplitLinear`` = int8 rows of ``x`` without the outlier channels x the GGUF codes,
+    plus the outlier channels x the exact columns in fp32: nothing else is rounded."""
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_linear
+    from omnidraft_deploy.exporters.xnnpack.outliers import OutlierSplitLinear
+
+    grid, w, x, idx = _split_case(seed=20)
+    split = OutlierSplitLinear.wrap(grid_linear(grid, None), w, idx)
+    mask = torch.ones(512)
+    mask[idx] = 0
+    with torch.no_grad():
+        got = split(x)
+    exact = grid_exact(grid, x * mask) + x[:, idx] @ w[:, idx].T
+    assert float((got - exact).abs().max()) < 1e-3  # fp32 sums of terms up to ~1e4
+
+
+def test_a_massive_channel_breaks_plain_int8_rows_not_the_split() -> None:
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_linear
+    from omnidraft_deploy.exporters.xnnpack.outliers import OutlierSplitLinear
+
+    grid, w, x, idx = _split_case(seed=30)
+    plain = grid_linear(grid, None)
+    split = OutlierSplitLinear.wrap(grid_linear(grid, None), w, idx)
+    with torch.no_grad():
+        ref, got_plain, got_split = x @ w.T, plain(x), split(x)
+    # the sink row's other channels' share of the output: what one int8 scale per row crushes
+    rest = x[0].index_fill(0, idx, 0) @ w.T
+    plain_err = float((got_plain[0] - ref[0]).abs().max() / rest.abs().max())
+    split_err = float((got_split[0] - ref[0]).abs().max() / rest.abs().max())
+    assert plain_err > 0.5, plain_err  # the int8 step (~19) swamps channels of size ~1
+    assert split_err < 0.05, split_err
+    # ordinary rows are no worse for the split
+    assert float((got_split[1:] - ref[1:]).abs().max()) <= 1.5 * float(
+        (got_plain[1:] - ref[1:]).abs().max()
+    )
+
+
+def test_outlier_channels_are_the_largest_inputs_on_calibration_text() -> None:
+    from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+
+    model = build_model(SPEC, seed=6, max_seq_len=32).eval()
+    with torch.no_grad():  # a post-attention norm weight with two huge channels
+        model.model.layers[1].post_attention_layernorm.weight[[5, 77]] = 400.0
+    got = outlier_channels(model, PROMPTS, k=2, kinds=("gate_proj", "up_proj"))
+    assert set(got) == {
+        f"model.layers.{i}.mlp.{p}" for i in range(2) for p in ("gate_proj", "up_proj")
+    }
+    assert got["model.layers.1.mlp.gate_proj"].tolist() == [5, 77]
+    assert torch.equal(got["model.layers.1.mlp.up_proj"], got["model.layers.1.mlp.gate_proj"])
 
 
 def int8_rows(x: torch.Tensor) -> torch.Tensor:
@@ -146,16 +213,24 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.verify import verify_artifact
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+    from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     recipe = get_recipe("xnnpack", "gguf4")
     path = tmp_path / "target.pte"
-    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
+    outliers = outlier_channels(model, PROMPTS, k=3)  # gate / up of both layers
+    assert len(outliers) == 4
+    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf",
+                       outliers=outliers)  # fmt: skip
     assert facts["gguf_grid"]["matrices_4bit"] == 12 and facts["gguf_grid"]["matrices"] == 14
     assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
     assert {"quantize", "torch_export", "lower", "serialize"} <= set(facts["stages"])
-    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8
-    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12}
+    # graph nodes: 12 int4 matmuls (each with its fp32 constant-table matmul), 2 + head at int8;
+    # each of the 4 split linears adds 2 fp32 ones (the one-hot selection, the exact columns)
+    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12 + 8}
+    # the split's mask and selection run in XNNPACK (only the rope tables' gathers do not)
+    left = facts["non_delegated_ops"]
+    assert "aten_mul_tensor" not in left and left.get("aten_index_select_default", 0) <= 2, left
     info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
@@ -188,3 +263,18 @@ def test_zero_and_negative_scales_become_positive_steps_exactly() -> None:
         w = step.repeat_interleave(32, 1) * (codes.float() - 8) + constant.repeat_interleave(32, 1)
         torch.testing.assert_close(w, torch.from_numpy(grid.dequantize()), rtol=0, atol=1e-6)
     assert bool((torch.from_numpy(grids[1].scales()) < 0).any())  # the Q4_0 case is exercised
+
+
+def test_spill_maps_anonymous_weights_and_skips_file_backed_ones(tmp_path: Path) -> None:
+    from omnidraft_deploy.exporters.xnnpack.spill import _inside, file_mappings, spill_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 512), torch.nn.LayerNorm(8))
+    before = model[0].weight.detach().clone()
+    assert not _inside(model[0].weight, file_mappings())
+    assert spill_weights(model, tmp_path) == 1024 * 512 * 4  # the small parameters stay
+    assert _inside(model[0].weight, file_mappings()) and not _inside(
+        model[1].weight, file_mappings()
+    )
+    assert torch.equal(model[0].weight, before)
+    assert spill_weights(model, tmp_path) == 0  # file-backed now: not copied again
+    assert not list(tmp_path.iterdir())

@@ -65,9 +65,11 @@ def _requests(per_task: int, seed: int) -> list[tuple[str, str]]:
     return [r[i] for i in range(per_task) for r in by_task if i < len(r)]  # tasks in turn
 
 
-def _teacher(a: argparse.Namespace, bundle: Any, vocab: int) -> Any:
-    if a.teacher == "bundle":
-        return lambda ids: target_greedy(bundle.target, ids, a.max_new_tokens, vocab)
+def _teacher(a: argparse.Namespace, root: Path) -> Any:
+    if a.teacher == "bundle":  # the graphs are opened only for this teacher (~3 GB for the 1.5B)
+        b = open_bundle(root, threads=a.threads)
+        vocab = b.mapper.target_vocab_size
+        return lambda ids: target_greedy(b.target, ids, a.max_new_tokens, vocab)
     from benchmarks.common.peers import llama
 
     llm = llama(Path(a.gguf), a.threads)
@@ -85,10 +87,12 @@ def _teacher(a: argparse.Namespace, bundle: Any, vocab: int) -> Any:
 
 
 def teach(a: argparse.Namespace) -> None:
-    b = open_bundle(a.bundle, threads=a.threads)
-    tok = load_bundle_tokenizer(b.root, "target", b.manifest.files)
+    from omnidraft_deploy.bundle.folder import verify_bundle
+
+    root = Path(a.bundle)
+    tok = load_bundle_tokenizer(root, "target", verify_bundle(root).files)
     eos = set(tok.eos_ids)
-    answer = _teacher(a, b, b.mapper.target_vocab_size)
+    answer = _teacher(a, root)
     path = WORK / a.name / ("replies-rev.jsonl" if a.reverse else "replies.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     done = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []

@@ -16,6 +16,10 @@ dequantised; a file that does not match is refused, naming the tensor). Then:
   fp32 scale and zero point ``minimum / scale - 8`` per 32: exact up to fp32 rounding), 8-bit
   blocks (Q8_0) as ``embedding_byte`` with a scale per block (exact); other types int8 per row.
 
+With ``outliers`` (the XNNPACK export passes gate / up's, ``outliers.outlier_channels``), those
+linears' few outlier input channels skip the int8 activations: ``outliers.OutlierSplitLinear``
+(the 4-bit codes unchanged, the channels' columns exact in fp32).
+
 The quantised model is a shell of the eager one: its small parameters (norms, biases) are shared,
 not copied, and the fp32 linears are never duplicated, so the quantise stage adds only the
 quantised weights (the eager model stays the verification reference).

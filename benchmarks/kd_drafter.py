@@ -70,20 +70,10 @@ def _teacher(a: argparse.Namespace, root: Path) -> Any:
         b = open_bundle(root, threads=a.threads)
         vocab = b.mapper.target_vocab_size
         return lambda ids: target_greedy(b.target, ids, a.max_new_tokens, vocab)
-    from benchmarks.common.peers import llama
+    from benchmarks.common.peers import llamacpp_method
 
-    llm = llama(Path(a.gguf), a.threads)
-
-    def run(ids: list[int]) -> list[int]:
-        llm.reset()
-        out: list[int] = []
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            if tok == llm.token_eos() or len(out) >= a.max_new_tokens:
-                break
-            out.append(int(tok))
-        return out
-
-    return run
+    run = llamacpp_method(Path(a.gguf), a.threads, a.max_new_tokens)
+    return lambda ids: run(ids)[0]
 
 
 def teach(a: argparse.Namespace) -> None:

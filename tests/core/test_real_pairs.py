@@ -7,6 +7,8 @@ wrong 20% of the time) to exercise acceptance, rollback and n-gram merging throu
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -88,6 +90,39 @@ def test_oracle_drafter_accepts_and_the_ngram_cache_learns(pair) -> None:
     else:
         assert warm > cold + 0.1, totals
         assert totals["warm"][2] > totals["cold"][2], totals
+
+
+def test_the_shipped_seed_merges_on_a_first_request(pair) -> None:
+    """``initial_ngram_cache``: the lowest-id merged target tokens, keyed by their drafter
+    spelling, lowest id most protected; a first request on it merges where an empty cache cannot,
+    and output still equals target-only."""
+    from omnidraft_deploy.exporters.export import SEED_ENTRIES, initial_ngram_cache
+
+    seed = initial_ngram_cache(pair.mapper)
+    spelled = [t for t in range(pair.mapper.target_vocab_size)
+               if len(pair.mapper.target_to_draft(t)) >= 2 and not pair.mapper.placeholder_bytes(t)]  # fmt: skip
+    items = seed.items()
+    assert [t for _, t, _ in items][::-1] == spelled[: len(items)]
+    assert len(items) == min(len(spelled), SEED_ENTRIES)
+    assert all(list(k) == pair.mapper.target_to_draft(t) for k, t, _ in items)
+    if pair.target_tok.name == "vicuna":  # same vocabulary: nothing to merge (<unk> aside)
+        assert len(items) <= 1
+        return
+    cfg = _cfg(pair, 20)
+    merged = {"empty": 0, "seed": 0}
+    for k, text in enumerate([p.text for p in load_prompts()][::4] + EXTRA[2:3]):
+        ids = pair.target_tok.encode(text)
+        ref, _ = generate_target_only(pair.target, ids, cfg)
+        pieces = [b"" if i in pair.target_tok.special_ids else pair.target_tok.token_bytes(i)
+                  for i in [*ids, *ref]]  # fmt: skip
+        for name, cache in (("empty", NGramCache()), ("seed", copy.deepcopy(seed))):
+            oracle = OracleDrafter(pair.drafter_tok, pieces, seed=k)
+            dec = SpeculativeDecoder(pair.target, oracle, pair.mapper, HeuristicDraftLen(4),
+                                     cache, config=cfg)  # fmt: skip
+            out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(k))
+            assert out == ref, (name, text)
+            merged[name] += stats.merged_accepted
+    assert merged["seed"] > merged["empty"], merged
 
 
 def test_eos_just_past_the_budget_is_not_emitted(pair) -> None:

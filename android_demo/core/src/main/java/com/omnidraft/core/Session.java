@@ -56,7 +56,8 @@ public final class Session {
             throw new NGramFormatException(cacheFile.getPath(), "built for vocabularies " + warm.draftVocabSize + "/"
                     + warm.targetVocabSize + ", the map has " + map.draftVocabSize + "/" + map.targetVocabSize);
         }
-        cache = NGramCache.fromFile(warm, NGramCache.DEFAULT_MAX_ENTRIES, 0);
+        // as the Python reader: room for every shipped entry (the seed is ~65k merged tokens)
+        cache = NGramCache.fromFile(warm, Math.max(NGramCache.DEFAULT_MAX_ENTRIES, warm.entries().size()), 0);
         CausalLm drafter = loader.load(new File(bundleDir, m.drafter.file), m.drafter, m);
         CausalLm target = loader.load(new File(bundleDir, m.target.file), m.target, m);
         SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNewTokens, map.targetEos(),

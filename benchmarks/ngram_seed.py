@@ -14,6 +14,11 @@ profile is fixed; the wall times are recorded but this is not a timing run. Outp
 with each other (greedy: both must equal target-only; ``validate`` proves that per bundle).
 
     python -m benchmarks.ngram_seed --bundle bundles/q15-kd --threads 2
+    python -m benchmarks.ngram_seed --coverage reports/kd_drafter   # no bundle, no graphs
+
+``--coverage DIR``: on the target's own chat replies (``kd_drafter``'s ``*replies*.jsonl``), the
+share of reply tokens that are merged (drafter spelling n >= 2) and the share of those the seed
+covers, at several seed sizes (the pair's presets: ``--target`` / ``--drafter``).
 """
 
 from __future__ import annotations
@@ -102,13 +107,47 @@ def _md(p: dict[str, Any]) -> str:
     return "\n".join(head + body + means) + "\n"
 
 
+def coverage(a: argparse.Namespace) -> None:
+    import json
+
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.vocab.pair import load_pair_vocab
+
+    mapper = load_pair_vocab(get_preset(a.target), get_preset(a.drafter)).mapper
+    replies = [json.loads(x)["reply"] for f in sorted(a.coverage.glob("*replies*.jsonl"))
+               for x in f.read_text().splitlines()]  # fmt: skip
+    ids = [t for r in replies for t in r]
+    merged = [t for t in ids if len(mapper.target_to_draft(t)) >= 2]
+    sizes = {n: {t for _, t, _ in initial_ngram_cache(mapper, n).items()}
+             for n in (2048, 8192, 32768, 65536)}  # fmt: skip
+    cov = {str(n): sum(t in seed for t in merged) / len(merged) for n, seed in sizes.items()}
+    payload = {"meta": run_meta(threads=None), "replies": len(replies), "tokens": len(ids),
+               "merged": len(merged), "distinct_merged": len(set(merged)), "coverage": cov}  # fmt: skip
+    write_report(OUT / "coverage", payload, markdown=_coverage_md)
+
+
+def _coverage_md(p: dict[str, Any]) -> str:
+    rows = [f"| {n} | {c:.3f} |" for n, c in p["coverage"].items()]
+    return "\n".join([
+        "# n-gram seed coverage of the target's own replies", "", *meta_lines(p["meta"]), "",
+        f"{p['replies']} replies, {p['tokens']} target tokens; merged (drafter spelling n >= 2): "
+        f"{p['merged']} ({p['merged'] / p['tokens']:.1%}), {p['distinct_merged']} distinct.", "",
+        "| seed entries | merged occurrences covered |", "|---|---|", *rows]) + "\n"  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--bundle", type=Path)
+    p.add_argument("--coverage", type=Path, help="folder of kd_drafter reply files (no bundle)")
+    p.add_argument("--target", default="qwen2.5-1.5b")
+    p.add_argument("--drafter", default="smollm2-135m")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--name", default="ngram_seed")
-    run(p.parse_args(argv))
+    a = p.parse_args(argv)
+    if a.coverage is None and a.bundle is None:
+        p.error("give --bundle (the A/B) or --coverage DIR")
+    coverage(a) if a.coverage is not None else run(a)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ tokens), as the server's request handler does. Each request's timeline, in ms fr
 step of ``generate`` before the decode loop (chat template, tokenizer, n-gram cache set-up, cost
 profile, decoder), every graph call (target / drafter, its T and start position) and the first
 text written. The steps are timed by wrapping the functions ``generate`` calls, in the modules it
-finds them in; nothing else is changed. The client's side (process start, imports, connect) is
+finds them in; nothing else is changed. Between requests it calls ``session.prepare`` as the
+server does after each reply (where the code has it). The client's side (process start, imports, connect) is
 ``benchmarks.run_stats``'s figure minus this one.
 
 Writes ``reports/run_stats/<name>_first_text.{json,md}``.
@@ -107,7 +108,10 @@ def _request(bundle: Path, max_new: int) -> Any:
 
 
 def measure(a: argparse.Namespace, state: Path) -> dict[str, Any]:
+    from omnidraft_deploy.runtime import session as session_mod
     from omnidraft_deploy.runtime.session import generate, open_session, warm
+
+    prepare = getattr(session_mod, "prepare", None)  # absent before the server readied requests
 
     t0 = time.perf_counter()
     session = open_session(a.bundle, state=state, threads=a.threads, served=True)
@@ -122,6 +126,8 @@ def measure(a: argparse.Namespace, state: Path) -> dict[str, Any]:
         out = FirstText(line, first=True)
         generate(session, _request(a.bundle, a.max_new_tokens), out, FirstText(line, False))
         total = 1e3 * (time.perf_counter() - line.t0)
+        if prepare is not None:
+            prepare(session)  # what the server does between connections
         runs.append({"first_text_ms": round(line.first_text_ms or -1, 1),
                      "request_ms": round(total, 1),
                      "events": [(n, round(s, 1), round(d, 1)) for n, s, d in line.events]})  # fmt: skip

@@ -142,6 +142,7 @@ def prepare(session: Session) -> None:
     ready for the state file as it is now (module docstring)."""
     if session.shipped is None:
         return
+    session.bundle.ngram_cache = NGramCache()  # the last request's, freed here, not on the next's
     key = _cache_file_id(session.state)  # before the read: a later change re-parses, never misses
     if session.prepared is None or session.prepared[0] != key:
         session.prepared = (key, _load_cache(session))

@@ -18,6 +18,7 @@ from omnidraft_deploy.runtime.profile import ensure_profile
 
 from omnidraft_deploy.bundle.atomic import write_bytes_atomic
 from omnidraft_deploy.host.profile import load_profile
+from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import (
@@ -85,6 +86,7 @@ def run_bundle(
     state: Path | None = None,
     config: DecodeConfig | None = None,
     generator: torch.Generator | None = None,
+    ngram_cache: NGramCache | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Speculative generation from an opened bundle (greedy unless ``config`` says otherwise; its
     ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
@@ -92,9 +94,13 @@ def run_bundle(
     it and the grown one saved back atomically. ``observer`` sees every verification step
     (``cli.streaming.TextStreamer`` prints text as it comes). A prompt the target cannot hold
     (longer than its ``max_seq_len``) is refused first, before any graph runs (profiling included).
+    ``ngram_cache``: the cache to decode with, already loaded from ``state`` by the caller (a
+    served session parses it ahead: ``runtime.session.prepare``); None: loaded here.
     """
     check_prompt(prompt_ids, bundle.mapper.target_vocab_size, bundle.target.max_seq_len)
-    if state is not None:
+    if ngram_cache is not None:
+        bundle.ngram_cache = ngram_cache
+    elif state is not None:
         bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
     dec = bundle_decoder(bundle, max_new_tokens, config, decoding_profile(bundle, state))
     out, stats = dec.generate(prompt_ids, observer=observer, generator=generator)

@@ -9,7 +9,12 @@ prints what an in-process run prints, byte for byte.
 
 A served session starts each request from what an in-process run would load: the n-gram cache
 grown in the state folder, else the bundle's shipped cache as it was opened
-(``Session.shipped``), never what an earlier, interrupted request left in memory.
+(``Session.shipped``), never what an earlier, interrupted request left in memory. Parsing that
+cache (~0.1 s for 65k entries) is kept off the way to a request's first text: ``prepare`` parses
+it ahead (at warm-up, and by the server after each reply) with the identity of the state file it
+read (size, mtime, ctime, inode; None when there was none); a request takes the prepared cache
+only while the file still has that identity, else parses it itself (``request_cache``), and a
+prepared cache serves one request at most.
 ``changed`` notes the bundle files, and the adapted drafter weights in the state folder, that
 changed since the open (the server then refuses: its sessions hold the old graphs).
 """
@@ -23,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from omnidraft_deploy.runtime import bundle as opener
-from omnidraft_deploy.runtime.bundle import SESSION_CACHE, OpenBundle
+from omnidraft_deploy.runtime.bundle import SESSION_CACHE, OpenBundle, load_session_cache
 
 from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
 from omnidraft_deploy.bundle.manifest import MANIFEST_NAME
@@ -33,7 +38,8 @@ from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 
 WARM_PROMPT = "def add(a, b):"
-FileIds = dict[str, tuple[int, int, int, int]]
+FileId = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
+FileIds = dict[str, FileId]
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Session:
     state: Path
     shipped: bytes | None = None  # served: the bundle's n-gram cache as opened (``ngram.format``)
     file_ids: FileIds | None = None  # served: (size, mtime, ctime, inode) of every bundle file
+    prepared: tuple[FileId | None, NGramCache] | None = None  # served: ``prepare``'s cache
 
 
 def target_tokenizer(root: Path, target: str | None) -> Any:
@@ -105,15 +112,52 @@ def changed(session: Session) -> list[str]:
     return [name for name, ids in now.items() if before[name] != ids]
 
 
-def _fresh_cache(session: Session) -> None:
-    """The shipped n-gram cache as opened, unless the state folder holds a grown one (which
-    ``run_bundle`` loads itself)."""
-    if session.shipped is not None and not (session.state / SESSION_CACHE).exists():
-        m = session.bundle.mapper
-        cache, _ = ngram_from_bytes(session.shipped, source=session.bundle.root,
-                                    expect_draft_vocab=m.draft_vocab_size,
-                                    expect_target_vocab=m.target_vocab_size)  # fmt: skip
-        session.bundle.ngram_cache = cache
+def _cache_file_id(state: Path) -> FileId | None:
+    """The identity of the state folder's session cache file (the link itself for a link,
+    which ``load_session_cache`` refuses), or None when there is none."""
+    try:
+        st = os.stat(state / SESSION_CACHE, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _load_cache(session: Session) -> NGramCache:
+    """What an in-process run decodes with: the state folder's grown cache when it is sound
+    (``load_session_cache``, which warns otherwise), else the shipped cache as opened."""
+    assert session.shipped is not None
+    m, root = session.bundle.mapper, session.bundle.root
+    fallback = NGramCache()  # a marker: ``load_session_cache`` returns it when it falls back
+    cache = load_session_cache(session.state, m, fallback)
+    if cache is not fallback:
+        return cache
+    shipped, _ = ngram_from_bytes(session.shipped, source=root,
+                                  expect_draft_vocab=m.draft_vocab_size,
+                                  expect_target_vocab=m.target_vocab_size)  # fmt: skip
+    return shipped
+
+
+def prepare(session: Session) -> None:
+    """Parse the n-gram cache the next request of a served session starts from, unless one is
+    ready for the state file as it is now (module docstring)."""
+    if session.shipped is None:
+        return
+    session.bundle.ngram_cache = NGramCache()  # the last request's, freed here, not on the next's
+    key = _cache_file_id(session.state)  # before the read: a later change re-parses, never misses
+    if session.prepared is None or session.prepared[0] != key:
+        session.prepared = (key, _load_cache(session))
+
+
+def request_cache(session: Session) -> NGramCache | None:
+    """The cache a served request decodes with: the prepared one while the state file still has
+    the identity it was read with, else parsed now; None for an in-process session
+    (``run_bundle`` loads it from the state folder)."""
+    if session.shipped is None:
+        return None
+    ready, session.prepared = session.prepared, None
+    if ready is not None and ready[0] == _cache_file_id(session.state):
+        return ready[1]
+    return _load_cache(session)
 
 
 def generate(session: Session, request: RunRequest, out: Writer, err: Writer) -> None:
@@ -138,13 +182,14 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
     if not request.chat:
         out.write(prompt)
     ids = tok.encode(text)
-    _fresh_cache(session)
+    cache = request_cache(session)
     if request.stats:  # time both decodes on settled memory, not the first one during the move
         from omnidraft_deploy.host.pages_later import settle
 
         settle()
     result, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=session.state,
-                               generator=torch.Generator().manual_seed(request.seed))  # fmt: skip
+                               generator=torch.Generator().manual_seed(request.seed),
+                               ngram_cache=cache)  # fmt: skip
     stream.finish()
     if request.stats:
         base, base_stats = target_only(bundle, ids, cfg,
@@ -154,11 +199,13 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
 
 def warm(session: Session) -> None:
     """Ready a served session before its first request: the weights settled on huge pages, the
-    cost profile measured (or loaded) from the state folder, and one short generation through both
-    graphs, on an empty n-gram cache (the request's own cache is set up by ``generate``)."""
+    cost profile measured (or loaded) from the state folder, one short generation through both
+    graphs on an empty n-gram cache, the chat template compiled, and the first request's n-gram
+    cache parsed (``prepare``)."""
     from omnidraft_deploy.runtime.run import decoding_profile, run_bundle
 
     from omnidraft_deploy.host.pages_later import settle
+    from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
 
     bundle = session.bundle
     settle()
@@ -169,3 +216,7 @@ def warm(session: Session) -> None:
         run_bundle(bundle, ids, max_new_tokens=2, state=None)
     finally:
         bundle.ngram_cache = kept
+    template = getattr(session.tokenizer, "chat_template", None)
+    if template:
+        render_chat(template, WARM_PROMPT)
+    prepare(session)

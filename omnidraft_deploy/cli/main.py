@@ -240,7 +240,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from omnidraft_deploy.cli.client import socket_path
     from omnidraft_deploy.cli.console import error_line
     from omnidraft_deploy.cli.serve import Served, bind, check_free, serve
-    from omnidraft_deploy.runtime.session import changed, generate, open_session, warm
+    from omnidraft_deploy.runtime.session import changed, generate, open_session, prepare, warm
 
     t0 = time.perf_counter()
     state = _state(args.bundle, args.state, args.target)
@@ -261,7 +261,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return f"its bundle changed since it opened it ({', '.join(files[:3])})" if files else None
 
     stopped = serve(listener, path, served, lambda r, o, e: generate(session, r, o, e),
-                    refusal=refusal,
+                    refusal=refusal, after=lambda: prepare(session),
                     error_line=lambda e: error_line("omnidraft run", e, verbose=False))  # fmt: skip
     print(f"omnidraft serve: stopped ({stopped})", file=sys.stderr)
     return 0

@@ -8,8 +8,10 @@ that a ``run`` is for the bundle folder (resolved) and target it holds (else ``r
 client runs in-process), then calls ``handle`` with two writers that turn the text written to
 them into ``out`` / ``err`` messages, and ends with ``done`` or, when ``handle`` raised, the
 ``error`` line ``run`` would have printed. A malformed request gets an ``error`` and the server
-goes on; a client that hangs up mid-stream ends its request only. SIGTERM and SIGINT stop the
-loop; the socket file is removed on the way out (if it is still the one bound).
+goes on; a client that hangs up mid-stream ends its request only. After each connection is
+closed, ``after`` readies the next request (work kept off its way to the first text; a failure
+there is logged, and the request then does that work itself). SIGTERM and SIGINT stop the loop;
+the socket file is removed on the way out (if it is still the one bound).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Served:
 Handler = Callable[[RunRequest, Writer, Writer], None]
 Refusal = Callable[[], str | None]  # why no request can be served now (None: they can)
 ErrorLine = Callable[[BaseException], tuple[int, str]]  # (exit status, ``run``'s error line)
+After = Callable[[], None]  # readies the next request, between connections
 
 
 class Stop(Exception):
@@ -126,7 +129,7 @@ def _stop_on_signals() -> Iterator[None]:
 
 
 def serve(listener: socket.socket, path: Path, served: Served, handle: Handler, *,
-          refusal: Refusal, error_line: ErrorLine) -> str:  # fmt: skip
+          refusal: Refusal, error_line: ErrorLine, after: After = lambda: None) -> str:  # fmt: skip
     """Answer connections until a signal; returns its name. The socket file is removed."""
     inode = os.stat(path).st_ino
     try:
@@ -135,12 +138,20 @@ def serve(listener: socket.socket, path: Path, served: Served, handle: Handler, 
                 conn, _ = listener.accept()
                 with conn:
                     _answer(conn, served, handle, refusal=refusal, error_line=error_line)
+                _ready_next(after)
     except Stop as e:
         return str(e)
     finally:
         listener.close()
         if path.is_socket() and os.stat(path).st_ino == inode:
             path.unlink()
+
+
+def _ready_next(after: After) -> None:
+    try:
+        after()
+    except Exception as e:  # noqa: BLE001 - the next request does this work itself, and reports
+        log.info("readying the next request failed: %s", e)
 
 
 def _request(conn: socket.socket) -> dict[str, Any] | None:

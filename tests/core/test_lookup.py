@@ -169,7 +169,9 @@ def test_hybrid_scores_lookup_candidates_on_model_steps() -> None:
     assert isinstance(hybrid, HybridProposer)
     assert dec.generate(ids)[0] == ref
     assert hybrid.lookup_rate[2] < 0.05 < hybrid.prior  # every step scored a rejection
-    assert all(s.source != "lookup" for s in hybrid.trace)
+    # the first step drafts no model tokens (``hybrid``: the drafter's prefill waits until after
+    # the first text), so the prior's lookup is tried there; never again once the model drafts
+    assert all(s.source != "lookup" for s in hybrid.trace[1:])
     # a candidate that is always the target's continuation: learned on model steps, then chosen
     oracle = _OracleLookup(ref, len(ids))
     dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(CHEAP, 4), NGramCache(),
@@ -178,6 +180,30 @@ def test_hybrid_scores_lookup_candidates_on_model_steps() -> None:
     assert isinstance(dec.drafter, HybridProposer)
     assert dec.drafter.lookup_rate[2] > 0.9
     assert sum(s.source == "lookup" for s in dec.drafter.trace) >= 2
+
+
+def test_the_first_step_waits_for_no_drafter_call() -> None:
+    """The first text comes after the target's prefill alone: the first step makes no drafter
+    call (its prefill of the prompt comes on the second step), with or without a lookup match;
+    later steps draft, and the output is still target-only's."""
+    tt, mapper, target, drafter = _pair()
+    cfg = DecodeConfig(max_new_tokens=24)
+    later: Counter[str] = Counter()
+    for prompt in ("ab ca ab ca ab", "c", "bbbb"):
+        ids = tt.encode(prompt)
+        ref, _ = generate_target_only(target, ids, cfg)
+        dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(CHEAP, 4),
+                                 NGramCache(), config=cfg, lookup=LookupProposer(),
+                                 profile=CHEAP)  # fmt: skip
+        hybrid = dec.drafter
+        assert isinstance(hybrid, HybridProposer)
+        seen: list[int] = []  # drafter calls made when each step's text came
+        dec.generate(ids, observer=lambda *_, s=seen, h=hybrid: s.append(h.calls))
+        out, _ = dec.generate(ids)  # a second generation starts afresh: again no first draft
+        assert out == ref and seen[0] == 0
+        assert hybrid.trace[0].source != "model" and hybrid.trace[0].drafter_calls == 0
+        later.update(s.source for s in hybrid.trace[1:])
+    assert later["model"] > 0  # the drafter does draft after the first step
 
 
 class _OracleLookup(LookupProposer):

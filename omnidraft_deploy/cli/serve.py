@@ -150,6 +150,8 @@ def serve(listener: socket.socket, path: Path, served: Served, handle: Handler, 
 def _ready_next(after: After) -> None:
     try:
         after()
+    except Stop:  # SIGTERM / SIGINT while readying (writing a large cache): stop, as asked
+        raise
     except Exception as e:  # noqa: BLE001 - the next request does this work itself, and reports
         log.info("readying the next request failed: %s", e)
 

@@ -156,3 +156,31 @@ def test_a_chat_template_is_compiled_once_and_errors_stay_value_errors() -> None
         render_chat("{% for %}", "a")
     with pytest.raises(ValueError, match="no system turns"):
         render_chat("{{ raise_exception('no system turns') }}", "a")
+
+
+def test_a_signal_while_readying_the_next_request_stops_the_server(tmp_path: Path) -> None:
+    """SIGTERM that lands inside the ``after`` hook (a 65,536-entry cache takes ~0.3 s to write
+    and parse) stops the server; it was once swallowed as a failed hook, and the server hung."""
+    from omnidraft_deploy.cli.serve import Served, bind, serve
+
+    path = tmp_path / "s.sock"
+
+    def after() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises inside the hook
+        time.sleep(5)  # not reached when the signal stops it
+
+    def client() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(str(path))
+            sock.sendall(b'{"v": 1, "type": "ping"}\n')
+            sock.makefile("rb").readline()
+
+    listener = bind(path)
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    stopped = serve(listener, path, Served("/b", None, "cpu"), lambda r, o, e: None,
+                    refusal=lambda: None, error_line=lambda e: (1, str(e)), after=after)  # fmt: skip
+    thread.join(30)
+    assert stopped == "SIGTERM" and time.monotonic() - t0 < 5 and not path.exists()

@@ -13,7 +13,8 @@ into ``G`` rows of one ``(T * G, K)`` input: XNNPACK's per-row quantisation then
 columns per row (zeros are exact in its asymmetric int8), the weight is read once, and the ``G``
 partial outputs are summed by an fp32 ``linear`` with a ``(1, G)`` weight of ones (a ``sum``
 would run in the portable kernels). Every node is delegated: ``mul``, ``view_copy`` (one inferred
-dimension), the quantised ``linear``, ``permute_copy`` and the fp32 ``linear``. The weight and its
+dimension), the quantised ``linear``, ``permute_copy`` and the fp32 ``linear`` (the tiny test's
+export leaves the same non-delegated ops as without groups). The weight and its
 grid are unchanged; the cost is ``G`` rows per token in the quantised GEMM (a decode step is
 memory-bound on the weight, read once either way) and the small fp32 sum.
 """
@@ -56,7 +57,8 @@ class GroupedActLinear(nn.Module):
         masks: Tensor = self.masks  # type: ignore[assignment]
         ones: Tensor = self.ones  # type: ignore[assignment]
         k = x.shape[-1]
-        stacked = (x.unsqueeze(-2) * masks).view(-1, k)  # (rows * G, K)
+        # a view, not unsqueeze (XNNPACK refuses an unsqueeze of a dynamic shape)
+        stacked = (x.reshape(-1, 1, k) * masks).view(-1, k)  # (rows * G, K)
         part = self.inner(stacked)  # (rows * G, N)
         n = part.shape[-1]
         y = nn.functional.linear(part.view(-1, self.groups, n).permute(0, 2, 1), ones)

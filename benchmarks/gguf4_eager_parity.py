@@ -99,8 +99,11 @@ def main() -> None:
     print(json.dumps(out, indent=1))
 
 
-def int8_rows(x: torch.Tensor) -> torch.Tensor:
-    """torchao's dynamic int8 per-token activations (asymmetric, -128..127), dequantised."""
+def int8_rows(x: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """torchao's dynamic int8 per-token activations (asymmetric, -128..127), dequantised;
+    ``groups``: the row cut into that many equal column groups, each with its own scale."""
+    if groups > 1:
+        return int8_rows(x.unflatten(-1, (groups, -1))).flatten(-2)
     lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
     scale = ((hi - lo) / 255).clamp(min=torch.finfo(torch.float32).eps)
     zero = (-128 - torch.round(lo / scale)).clamp(-128, 127)
@@ -113,9 +116,16 @@ class Int8RowsLinear(torch.nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight, self.bias = weight, bias
+        self.groups = 1  # activation scales per row (``benchmarks.gguf4_act_groups``)
+        self.smooth: torch.Tensor | None = None  # (K,) x / smooth quantised, weight * smooth
+        self.smooth_weight: torch.Tensor | None = None  # an 8-bit weight * smooth re-rounded
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(int8_rows(x), self.weight, self.bias)
+        if self.smooth is None:
+            return torch.nn.functional.linear(int8_rows(x, self.groups), self.weight, self.bias)
+        x = int8_rows(x / self.smooth, self.groups) * self.smooth
+        w = self.weight if self.smooth_weight is None else self.smooth_weight
+        return torch.nn.functional.linear(x, w, self.bias)
 
 
 def emulate_torchao(model: torch.nn.Module) -> dict[str, float]:

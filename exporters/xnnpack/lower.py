@@ -226,6 +226,10 @@ def export_pte(
             facts["gguf_grid"] = dataclasses.asdict(share)
         else:
             quantized = quantize_eager(model, recipe, bits)
+        if recipe.act_groups:
+            from omnidraft_deploy.exporters.xnnpack.act_groups import group_activations
+
+            facts["act_groups"] = group_activations(quantized, dict(recipe.act_groups))
     _settled(stages, "quantize")
     ids, pos = example_inputs(model.args, seq_len or 2)
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)

@@ -66,6 +66,9 @@ class QuantRecipe:
     # exact at 8 bits); xnnpack (``exporters.xnnpack.gguf_quant``: 4-bit blocks as 8da4w on their
     # own codes, other weights 8da8w, the embedding on its grid)
     gguf_grid: bool = False
+    # xnnpack: (linear kind, G) pairs; those linears' int8 activations get G scales per row, one
+    # per equal group of input columns (``exporters.xnnpack.act_groups``), not one
+    act_groups: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.tolerance <= 0 or not 0.0 <= self.min_top1 <= 1.0:

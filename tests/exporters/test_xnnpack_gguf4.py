@@ -278,3 +278,63 @@ def test_spill_maps_anonymous_weights_and_skips_file_backed_ones(tmp_path: Path)
     assert torch.equal(model[0].weight, before)
     assert spill_weights(model, tmp_path) == 0  # file-backed now: not copied again
     assert not list(tmp_path.iterdir())
+
+
+def int8_groups(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """``int8_rows`` with each row cut into ``groups`` equal column groups, each its own scale."""
+    return int8_rows(x.unflatten(-1, (groups, -1))).flatten(-2)
+
+
+def test_grouped_activations_are_int8_per_column_group_times_the_codes() -> None:
+    """``GroupedActLinear`` on a Q4_K linear's kernel = int8 scales per (row, group of K / G
+    columns) x the GGUF codes, plus the constant table on the fp32 sums: what one int8 scale per
+    row gets wrong (a large channel in one group) stays in that group."""
+    from omnidraft_deploy.exporters.xnnpack.act_groups import group_activations
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import grid_linear
+
+    grid = READERS["Q4_K"](k_blocks("Q4_K", rows=64, cols=512, seed=40))
+    w = torch.from_numpy(grid.dequantize())
+    x = torch.randn(1, 5, 512, generator=torch.Generator().manual_seed(41))
+    x[0, :, 7] = 200.0  # a large channel in group 0 of 4: the other 3 groups get 1 / 200 steps
+    bias = torch.randn(64, generator=torch.Generator().manual_seed(42))
+    holder = torch.nn.Module()
+    holder.q_proj = grid_linear(grid, bias)
+    plain = grid_linear(grid, bias)
+    assert group_activations(holder, {"q_proj": 4, "k_proj": 2}) == 1
+    with torch.no_grad():
+        got, got_plain = holder.q_proj(x)[0], plain(x)[0]
+    step = torch.from_numpy(grid.scales())
+    centred = step.repeat_interleave(32, 1) * (torch.from_numpy(grid.codes).float() - 8)
+    constant = 8 * step - torch.from_numpy(grid.minimums())
+    want = int8_groups(x[0], 4) @ centred.T + x[0].unflatten(-1, (-1, 32)).sum(-1) @ constant.T
+    assert float((got - want - bias).abs().max()) < 1e-3  # fp32 sums, outputs up to ~300
+    exact = x[0] @ w.T + bias
+    err, err_plain = (got - exact).norm(), (got_plain - exact).norm()
+    # one group in 4 keeps the coarse step: about sqrt(1 / 4) of the error
+    assert err < 0.6 * err_plain, (err, err_plain)
+
+
+def test_a_tiny_model_exports_with_activation_groups(tmp_path: Path) -> None:
+    """gguf4 with 4 activation groups on gate / up / down: every new node (mask ``mul``, views,
+    ``permute``, the fp32 sum) is delegated to XNNPACK, and the ``.pte`` verifies."""
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.verify import verify_artifact
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    groups = (("gate_proj", 4), ("up_proj", 4), ("down_proj", 4))
+    recipe = dataclasses.replace(get_recipe("xnnpack", "gguf4"), act_groups=groups)
+    path = tmp_path / "target.pte"
+    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
+    assert facts["act_groups"] == 6
+    # each grouped linear adds one fp32 linear (the sum over its groups)
+    assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3, "linear_fp32": 12 + 6}
+    # nothing new outside XNNPACK: the plain gguf4 tiny graph leaves 6 unsqueeze_copy and 32
+    # view_copy (rope, attention, the constant tables' group sums), no mul and no permute
+    left = facts["non_delegated_ops"]
+    assert "aten_mul_tensor" not in left and "aten_permute_copy_default" not in left, left
+    assert left["aten_unsqueeze_copy_default"] <= 6 and left["aten_view_copy_default"] <= 32
+    info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
+    result = verify_artifact(path, info, model, recipe, PROMPTS)
+    assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
+    assert result["top1_agreement"] >= 0.9

@@ -50,7 +50,7 @@ class GroupedActLinear(nn.Module):
         bias moves to the wrapper (added once, not per group)."""
         assert isinstance(linear, nn.Linear)
         bias = linear.bias
-        linear.bias = None
+        linear.bias = None  # type: ignore[assignment]
         return cls(linear, linear.in_features, groups, bias)
 
     def forward(self, x: Tensor) -> Tensor:

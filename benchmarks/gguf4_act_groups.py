@@ -28,7 +28,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gguf4_eager_parity import Int8RowsLinear, emulate_torchao
+from benchmarks.gguf4_eager_parity import (
+    Int8RowsLinear,
+    calibration,
+    emulate_torchao,
+    outlier_quantized,
+)
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 
 
@@ -118,7 +123,6 @@ def _groups(text: str, width: int) -> int:
 @torch.inference_mode()
 def main() -> None:
     from omnidraft_deploy.exporters.verify import prompt_ids
-    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file, gguf_quantized
 
     from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.checks.parity import eager_step, parity
@@ -139,23 +143,13 @@ def main() -> None:
     spec = get_preset(a.preset)
     model = load_model(spec, max_seq_len=256).eval()
     split = tuple(k for k in a.split.split(",") if k)
-    channels = {}
-    if split:
-        from omnidraft_deploy.exporters.quant.calibration import calibration_ids
-        from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
-
-        calib = calibration_ids(spec.tokenizer, model.args.vocab_size)[: a.calib]
-        channels = outlier_channels(model, calib, a.k, split)
-    quant, _ = gguf_quantized(model, gguf_file(spec), channels)
+    quant, _, _ = outlier_quantized(spec, model, split, a.k, a.calib)
     emulate_torchao(quant)
     ids = prompt_ids(spec.tokenizer, model.args.vocab_size, n=a.parity_prompts)
     peaks = None
     if "=sm" in a.configs:  # smoothing factors from the held-out calibration prompts
-        from omnidraft_deploy.exporters.quant.calibration import calibration_ids
-
-        calib = calibration_ids(spec.tokenizer, model.args.vocab_size)[: a.calib]
         apply_config(quant, "")
-        peaks = column_peaks(quant, [list(p) for p in calib])
+        peaks = column_peaks(quant, [list(p) for p in calibration(spec, model, a.calib)])
     results = []
     for config in a.configs.split("|"):
         t1, load = time.time(), os.getloadavg()

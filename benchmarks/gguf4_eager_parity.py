@@ -23,16 +23,39 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 
 
+def calibration(spec: Any, model: Any, n: int) -> list[list[int]]:
+    """The first ``n`` held-out calibration prompts of ``spec``'s tokenizer."""
+    from omnidraft_deploy.exporters.quant.calibration import calibration_ids
+
+    return calibration_ids(spec.tokenizer, model.args.vocab_size)[:n]
+
+
+def outlier_quantized(spec: Any, model: Any, split: tuple[str, ...], k: int,
+                      n_calib: int) -> tuple[Any, Any, dict[str, Any]]:  # fmt: skip
+    """``model`` on its GGUF grid (``gguf_quantized``: the shell, its grid share), ``split``'s
+    linears with ``k`` outlier input channels chosen on ``n_calib`` calibration prompts (the
+    third item: linear path -> channels; empty without ``split``)."""
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file, gguf_quantized
+
+    channels = {}
+    if split:
+        from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+
+        channels = outlier_channels(model, calibration(spec, model, n_calib), k, split)
+    quant, share = gguf_quantized(model, gguf_file(spec), channels)
+    return quant, share, channels
+
+
 @torch.inference_mode()
 def main() -> None:
     from omnidraft_deploy.exporters.verify import prompt_ids
-    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file, gguf_quantized
 
     from omnidraft_deploy.catalog.presets import get_preset
     from omnidraft_deploy.resolve.load import load_model
@@ -55,14 +78,7 @@ def main() -> None:
     spec = get_preset(a.preset)
     model = load_model(spec, max_seq_len=256).eval()
     split = tuple(k for k in a.split.split(",") if k)
-    channels = {}
-    if split:
-        from omnidraft_deploy.exporters.quant.calibration import calibration_ids
-        from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
-
-        calib = calibration_ids(spec.tokenizer, model.args.vocab_size)[: a.calib]
-        channels = outlier_channels(model, calib, a.k, split)
-    quant, share = gguf_quantized(model, gguf_file(spec), channels)
+    quant, share, channels = outlier_quantized(spec, model, split, a.k, a.calib)
     emulation = emulate_torchao(quant) if a.fast else {}
     kinds = tuple(k for k in a.fp32.split(",") if k)
     for name, module in model.named_modules():  # the eager fp32 linear back into the shell

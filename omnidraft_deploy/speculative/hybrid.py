@@ -19,7 +19,8 @@ A generation's first step never drafts with the model: the drafter would first h
 whole prompt (its prefill: ~0.2 s for SmolLM2 on a 45-token chat prompt, 2 cores), and its
 drafts would widen the verification, all between the target's prefill and the first text. The
 first step is a lookup or plain step instead, and the drafter reads the prompt on the second
-step, after the first text is out (``_first``; the cost is at most one step's drafts).
+step, after the first text is out (the first step is the one with an empty ``trace``; the cost
+is at most one step's drafts).
 
 A step without model drafts still keeps the drafter's context in sync: the committed ids are
 appended to it (its KV is caught up by the next drafting call). Lookup proposals are
@@ -58,7 +59,6 @@ class HybridProposer:
         self.trace: list[StepRecord] = []
         self._source, self._match = "none", 0
         self._candidate: list[int] = []  # this step's lookup proposal, uncut (scored at commit)
-        self._first = True  # the generation's first step: no model drafts (module docstring)
 
     @property
     def seconds(self) -> float:
@@ -83,7 +83,7 @@ class HybridProposer:
             self.model.reset(prompt_ids)
         if self.lookup is not None:
             self.lookup.reset(prompt_ids)
-        self.trace, self._first = [], True
+        self.trace = []
 
     def _saving(self, acceptance: float, k: int, *, model: bool) -> float:
         """Expected time saved by a k-proposal step over a plain step (ms; may be negative)."""
@@ -102,8 +102,7 @@ class HybridProposer:
         a_look = self.lookup_rate.get(match, self.prior)
         k_look = best_length(self.profile, a_look, len(ids), model=False)
         save_look = self._saving(a_look, k_look, model=False)
-        policy = None if self._first else self._policy()
-        self._first = False
+        policy = self._policy() if self.trace else None  # first step: no model drafts (module doc)
         save_model = 0.0
         if policy is not None:
             a_mod = policy.rate

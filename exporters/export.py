@@ -114,8 +114,9 @@ def initial_ngram_cache(mapper: VocabMapper, max_entries: int = SEED_ENTRIES) ->
     Without an entry a merged token cannot be proposed at all, and a draft breaks there: seeded
     only with the shipped prompts' tokens (the cache before), distilled SmolLM2 ->
     Qwen2.5-Coder-1.5B drafts reached 2.90 target tokens a call on the first request of 11
-    prompts, 3.00 with this seed (``benchmarks/ngram_seed.py``, ``reports/ngram_seed``). 65,536 ids cover 99.9% of the merged tokens in the target's
-    own chat replies (``reports/kd_drafter``). The online cache evicts from the rarest seeds up."""
+    prompts, 3.00 with this seed (``benchmarks/ngram_seed.py``, ``reports/ngram_seed``).
+    65,536 ids cover 99.9% of the merged tokens in the target's own chat replies
+    (``reports/ngram_seed/coverage.md``). The online cache evicts from the rarest seeds up."""
     spelled: dict[tuple[int, ...], int] = {}
     for t in range(mapper.target_vocab_size):
         ids = tuple(mapper.target_to_draft(t))

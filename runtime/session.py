@@ -10,7 +10,7 @@ prints what an in-process run prints, byte for byte.
 A served session starts each request from what an in-process run would load: the n-gram cache
 grown in the state folder, else the bundle's shipped cache as it was opened
 (``Session.shipped``), never what an earlier, interrupted request left in memory. Parsing that
-cache (~0.1 s for 65k entries) is kept off the way to a request's first text: ``prepare`` parses
+cache (0.13 s for the 65,536 shipped entries) is kept off the way to a request's first text: ``prepare`` parses
 it ahead (at warm-up, and by the server after each reply) with the identity of the state file it
 read (size, mtime, ctime, inode; None when there was none); a request takes the prepared cache
 only while the file still has that identity, else parses it itself (``request_cache``), and a

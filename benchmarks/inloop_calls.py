@@ -37,16 +37,18 @@ Call = tuple[str, int, int, float]  # graph, T, first position, ms
 
 
 def _record(model: Any, name: str, log: list[Call]) -> None:
-    """Wrap ``model._run`` (``runtime.base.RuntimeModel``) to log each call."""
-    inner = model._run
+    """Wrap ``model._run`` and ``model._run_last`` (``runtime.base.RuntimeModel``: ``forward``
+    and ``forward_last``) to log each call."""
+    for method in ("_run", "_run_last"):
+        inner = getattr(model, method)
 
-    def timed(ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = inner(ids, pos)
-        log.append((name, int(ids.shape[1]), int(pos[0]), 1e3 * (time.perf_counter() - t0)))
-        return out
+        def timed(ids: np.ndarray, pos: np.ndarray, inner: Any = inner) -> np.ndarray:
+            t0 = time.perf_counter()
+            out = inner(ids, pos)
+            log.append((name, int(ids.shape[1]), int(pos[0]), 1e3 * (time.perf_counter() - t0)))
+            return out
 
-    model._run = timed
+        setattr(model, method, timed)
 
 
 def run(a: argparse.Namespace) -> None:
@@ -71,7 +73,11 @@ def run(a: argparse.Namespace) -> None:
     calls = [c for c in log if c[1] <= 2 * b.manifest.draft_len + 1]  # not the prefills
     n_loop = len(calls)
     for name, t, pos, _ in calls:  # the replay, alternating as the loop did
-        (b.target if name == "target" else b.drafter).forward(torch.zeros(t, dtype=torch.long), pos)
+        fed = torch.zeros(t, dtype=torch.long)
+        if name == "target":
+            b.target.forward(fed, pos)
+        else:
+            b.drafter.forward_last(fed, pos)  # the drafter reads the last row only
     replay = log[len(log) - n_loop :]
     groups: dict[tuple[str, int], dict[str, list[float]]] = collections.defaultdict(
         lambda: {"loop": [], "replay": [], "pos": []}

@@ -5,7 +5,9 @@ The artifact is reloaded the way a device would (ONNX Runtime for ``.onnx`` / ``
 static-T chunking; ``executorch.runtime`` for ``.pte``), independently of ``runtime/`` (exporters never
 import it), and compared with the eager fp32 model by ``omnidraft_deploy.checks.parity`` (prefill,
 single steps, a KV rollback). A result outside the recipe's tolerance raises
-``ExportVerificationError``; the returned dict goes into ``GraphInfo.parity``.
+``ExportVerificationError``; the returned dict goes into ``GraphInfo.parity``. An ONNX graph that
+takes ``logits_from`` (``graph_contract.LOGITS_FROM``) must also give, in a last-only call, the
+full call's last row bit for bit (``check_last_row``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 # The eager reference runs single-threaded: on a busy 2-core machine two torch threads made a
 # (1, 24, 576) linear 18x slower (49 ms vs 2.7 ms), and eager calls were 90 % of verification.
 EAGER_THREADS = 1
+ONNX_SUFFIXES = (".onnx", ".ort")  # graphs ONNX Runtime reloads (``graph_contract``)
 
 
 class ExportVerificationError(RuntimeError):
@@ -52,17 +56,41 @@ def artifact_step(path: Path, info: GraphInfo) -> StepFn:
             return torch.from_numpy(gc.pte_step(method, token_ids.numpy()[None], pos))
 
         return pte_step
-    if path.suffix in (".onnx", ".ort"):
-        from omnidraft_deploy.host.onnx_host import cpu_session
-
-        graph = gc.ExplicitCacheGraph(cpu_session(path), info)
-
-        def onnx_step(token_ids: Tensor, start_pos: int) -> Tensor:
-            pos = gc.contiguous_positions(start_pos, len(token_ids))
-            return torch.from_numpy(graph.run(token_ids.numpy()[None], pos))
-
-        return onnx_step
+    if path.suffix in ONNX_SUFFIXES:
+        return _graph_step(_onnx_graph(path, info))
     raise ValueError(f"{path}: no verifier for {path.suffix!r} artifacts")
+
+
+def _onnx_graph(path: Path, info: GraphInfo) -> gc.ExplicitCacheGraph:
+    from omnidraft_deploy.host.onnx_host import cpu_session
+
+    return gc.ExplicitCacheGraph(cpu_session(path), info)
+
+
+def _graph_step(graph: gc.ExplicitCacheGraph) -> StepFn:
+    def onnx_step(token_ids: Tensor, start_pos: int) -> Tensor:
+        pos = gc.contiguous_positions(start_pos, len(token_ids))
+        return torch.from_numpy(graph.run(token_ids.numpy()[None], pos))
+
+    return onnx_step
+
+
+def check_last_row(graph: gc.ExplicitCacheGraph, prompt: Sequence[int], name: str) -> None:
+    """A graph that takes ``logits_from`` (``last_row_alone``): a last-only call of ``prompt``
+    must give the full call's last row bit for bit (the rows are cut before the lm_head, whose
+    rows are each their own arithmetic, per-row activation scales included); else
+    ``ExportVerificationError``. Nothing to check for a graph without the input."""
+    if not graph.last_row_alone:
+        return
+    ids, pos = np.array([list(prompt)], np.int64), gc.contiguous_positions(0, len(prompt))
+    full = graph.run(ids, pos)[-1]  # (V,)
+    alone = graph.run(ids, pos, last_only=True)[0]  # same slots rewritten with the same entries
+    if not np.array_equal(full, alone):
+        raise ExportVerificationError(
+            f"{name}: a last-only call (logits_from = T - 1) gives a last row that differs from "
+            f"the full call's (max |diff| {float(np.abs(full - alone).max()):.3g}); the runtime's "
+            "prefill and drafter read that row, so the graph is refused"
+        )
 
 
 def reference_for(path: Path, eager: Transformer) -> Transformer:
@@ -123,7 +151,8 @@ def verify_artifact(
     """
     if prompts is None:
         prompts = prompt_ids(info.tokenizer, info.vocab_size)
-    step = artifact_step(path, info)
+    graph = _onnx_graph(path, info) if path.suffix in ONNX_SUFFIXES else None
+    step = artifact_step(path, info) if graph is None else _graph_step(graph)
     with torch_threads(EAGER_THREADS):
         result = parity(step, eager_step(reference_for(path, eager)), prompts)
     result |= {"tolerance": recipe.tolerance, "min_top1": recipe.min_top1}
@@ -136,6 +165,8 @@ def verify_artifact(
             f"(max |diff| <= {recipe.tolerance}, top-1 >= {recipe.min_top1})"
         )
     log.info("%s parity: %s", path.name, result)
+    if graph is not None:
+        check_last_row(graph, prompts[0], path.name)
     speed = step_speed(step, verify_len=verify_len, max_seq_len=info.max_seq_len)
     log.info("%s speed: %s", path.name, speed)
     return result | speed

@@ -1,7 +1,8 @@
 """The seams of the system, as Protocols: models, draft-length policies, eviction policies, tokenizers.
 
 Everything that runs a network (eager PyTorch, ONNX Runtime, ExecuTorch, QNN HTP) implements
-``CausalLM``; the speculative loop only ever talks to this interface.
+``CausalLM``; the speculative loop only ever talks to this interface (and, through
+``last_logits``, to the optional ``LastRowLM`` capability).
 """
 
 from __future__ import annotations
@@ -29,6 +30,28 @@ class CausalLM(Protocol):
     def max_seq_len(self) -> int: ...
 
     def forward(self, token_ids: Tensor, start_pos: int) -> Tensor: ...
+
+
+@runtime_checkable
+class LastRowLM(CausalLM, Protocol):
+    """An optional capability: ``forward_last(token_ids (T,), start_pos) -> logits (V,)``, the
+    last row of ``forward`` (same values, same cache writes) without the other T - 1 rows' lm_head:
+    what a prefill and a drafter read. ``last_logits`` uses it where a model has it."""
+
+    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor: ...
+
+
+def last_logits(lm: CausalLM, token_ids: Tensor, start_pos: int) -> Tensor:
+    """Logits ``(V,)`` after the last of ``token_ids (T,)`` fed at ``start_pos`` (the cache
+    takes all T): ``lm.forward_last`` (``LastRowLM``) where ``lm`` has it, else
+    ``lm.forward(...)[-1]``, so any ``CausalLM`` works. Looked up by ``getattr``: an
+    ``isinstance`` check against the runtime Protocol took ~10 us a call here (Python 3.11),
+    paid on every drafter step."""
+    forward_last = getattr(lm, "forward_last", None)
+    if forward_last is None:
+        return lm.forward(token_ids, start_pos)[-1]
+    row: Tensor = forward_last(token_ids, start_pos)  # (V,)
+    return row
 
 
 class TokenizerLike(Protocol):

@@ -1,8 +1,10 @@
 """``RuntimeModel``: one ABC level for exported graphs behind the ``CausalLM`` protocol.
 
 Each subclass only implements ``_run(token_ids (1,T) int64, input_pos (T,) int64) -> logits
-(T, V) float32``. The base class checks bounds and keeps the call count. KV caches are static and
-addressed by position, so rollback is calling again at an earlier ``start_pos``: nothing to undo.
+(T, V) float32``, and may override ``_run_last`` where its graph can score the last position
+alone (``forward_last``: a prefill, the drafter). The base class checks bounds and keeps the call
+count. KV caches are static and addressed by position, so rollback is calling again at an earlier
+``start_pos``: nothing to undo.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class RuntimeModel(ABC):
     def max_seq_len(self) -> int:
         return self.info.max_seq_len
 
-    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+    def _feed(self, token_ids: Tensor, start_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(1, T)`` ids and ``(T,)`` positions of a call, bounds checked and counted."""
         t = int(token_ids.shape[0])
         if t < 1 or start_pos < 0 or start_pos + t > self.max_seq_len:
             raise ValueError(
@@ -41,8 +44,23 @@ class RuntimeModel(ABC):
             )
         self.n_calls += 1
         ids = token_ids.to(torch.long).numpy().reshape(1, t)
-        pos = np.arange(start_pos, start_pos + t, dtype=np.int64)
-        return torch.from_numpy(np.ascontiguousarray(self._run(ids, pos), dtype=np.float32))
+        return ids, np.arange(start_pos, start_pos + t, dtype=np.int64)
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        return _tensor(self._run(*self._feed(token_ids, start_pos)))
+
+    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        """``forward(...)[-1]`` ``(V,)``, the last position's logits, alone where the graph can
+        (``_run_last``); the cache is updated for every token as by ``forward``."""
+        return _tensor(self._run_last(*self._feed(token_ids, start_pos)))[-1]
 
     @abstractmethod
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray: ...
+
+    def _run_last(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
+        """Logits whose last row is the last position's; here every row (``_run``)."""
+        return self._run(token_ids, input_pos)
+
+
+def _tensor(logits: np.ndarray) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))

@@ -22,7 +22,8 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
 
 Cache contract (``omnidraft_deploy.bundle.graph_contract``, ``CacheIO.SHARED``): inputs ``token_ids``,
 ``input_pos`` (contiguous positions; ``seqlens_k = input_pos[-1]``, ``total_sequence_length =
-input_pos[-1] + 1``) and ``cache_i``; outputs ``logits`` and ``present_i``, which the host binds
+input_pos[-1] + 1``), ``cache_i`` and the optional ``logits_from`` (default 0: logits of rows
+``logits_from ..`` only); outputs ``logits`` and ``present_i``, which the host binds
 to the same buffer as ``cache_i``, so GroupQueryAttention writes this chunk's k/v in place at
 ``input_pos`` and attends to slots ``<= input_pos``. Rollback is calling again at an earlier
 position: stale slots past it are outside ``total_sequence_length`` and then overwritten.
@@ -310,7 +311,7 @@ def build_graph(
         h = _norm(g, x, skip, layer.post_attention_layernorm.weight, f"layers.{i}.post_norm", eps)
         x, skip = _mlp(g, model, i, h), f"layers.{i}.post_norm/sum"
     h = _norm(g, x, skip, model.model.norm.weight, "final_norm", eps)
-    _lm_head(g, model, h, tied=a.tie_embeddings and bits == 0)
+    _lm_head(g, model, _rows_from(g, h), tied=a.tie_embeddings and bits == 0)
     cache: list[str | int] = ["batch", a.n_kv_heads, "cache_len", a.head_dim]  # max_seq_len
     n, graph = 2 * a.n_layers, g.model.graph
     io = gc.CacheIO.CHUNK if invariant else gc.CacheIO.SHARED
@@ -321,9 +322,10 @@ def build_graph(
         helper.make_tensor_value_info(gc.TOKEN_IDS, TensorProto.INT64, [1, "T"]),
         helper.make_tensor_value_info(gc.INPUT_POS, TensorProto.INT64, ["T"]),
         *(helper.make_tensor_value_info(gc.cache_in(j), TensorProto.FLOAT, cache) for j in range(n)),
+        helper.make_tensor_value_info(gc.LOGITS_FROM, TensorProto.INT64, [1]),  # overridable
     ])  # fmt: skip
     graph.output.extend([
-        helper.make_tensor_value_info(gc.LOGITS, TensorProto.FLOAT, [1, "T", a.vocab_size]),
+        helper.make_tensor_value_info(gc.LOGITS, TensorProto.FLOAT, [1, "rows", a.vocab_size]),
         *(helper.make_tensor_value_info(name, TensorProto.FLOAT, out_cache)
           for name in gc.output_names(a.n_layers, io)[1:]),
     ])  # fmt: skip
@@ -358,6 +360,18 @@ def weight_bytes(
     if bits and a.tie_embeddings:  # the head is a quantised copy of the table
         total += a.vocab_size * a.dim * head_bits // 8 + a.vocab_size * a.dim // block * 4
     return total
+
+
+def _rows_from(g: GraphWriter, h: str) -> str:
+    """``h[:, logits_from:, :]``: the rows the lm_head scores. ``gc.LOGITS_FROM`` is a graph input
+    with an initializer ``[0]`` of its name (ONNX Runtime: an overridable initializer), so a call
+    that does not feed it gets all T rows; a prefill feeds ``T - 1``. Cut before the head, whose
+    every row is its own arithmetic (per-row activation quantisation): a row is the same alone."""
+    g.const(gc.LOGITS_FROM, np.array([0], np.int64))
+    end = g.const("final_norm/rows_end", np.array([np.iinfo(np.int64).max], np.int64))
+    axis = g.const("final_norm/rows_axis", np.array([1], np.int64))
+    g.node("Slice", [h, gc.LOGITS_FROM, end, axis], ["final_norm/rows"])
+    return "final_norm/rows"
 
 
 def _lm_head(g: GraphWriter, model: Transformer, h: str, *, tied: bool) -> None:

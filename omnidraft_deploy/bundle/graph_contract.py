@@ -10,6 +10,17 @@ ONNX graphs (explicit caches, T dynamic or static):
 - inputs ``token_ids (1, T)`` int64, ``input_pos (T,)`` int64 (contiguous: ``start + arange(T)``),
   ``cache_{i} (1, KV, max_seq_len, D)`` float32 for i = 0 .. 2L-1 (k0, v0, k1, v1, ...);
 - output ``logits (1, T, V)``: only this call's rows;
+- fused graphs (``exporters.onnx.fused``) also take ``logits_from (1,)`` int64, an *overridable
+  initializer* (a graph input with an initializer of the same name, value ``[0]``): logits come
+  out for rows ``logits_from ..`` only, ``(1, T - logits_from, V)`` (the final norm is sliced
+  before the lm_head). A caller that does not feed it gets every row, so old callers keep working;
+  a caller that needs only the next token's row feeds ``T - 1`` (a prefill, the drafter): the
+  lm_head (1536 x 151936 on Qwen2.5-Coder-1.5B, ~15% of a prefill row's FLOPs) runs once, not T
+  times (a 100-token prefill of an int8 SmolLM2-135M-sized graph: 52.9 ms instead of 62.7 ms).
+  ONNX Runtime lists it in ``get_overridable_initializers()``, not ``get_inputs()``, and IOBinding's
+  ``bind_cpu_input`` refuses it (it takes the type from the required inputs); an OrtValue binds
+  (``tests/exporters/test_logits_from.py``). Graphs without it (traced, static-T, older bundles)
+  compute every row and the host keeps the last (``ExplicitCacheGraph.run(last_only=True)``);
 - ``CacheIO.CHUNK`` graphs (plain ops: QNN, swappable drafters) output ``cache_out_{i} (1, KV, T,
   D)``, this chunk's new entries, which the host writes at ``input_pos``;
 - ``CacheIO.SHARED`` graphs (fused GroupQueryAttention: ``exporters.onnx.fused``) output
@@ -40,6 +51,7 @@ from omnidraft_deploy.bundle.sections import GraphInfo
 TOKEN_IDS = "token_ids"
 INPUT_POS = "input_pos"
 LOGITS = "logits"
+LOGITS_FROM = "logits_from"  # optional (1,) int64 input, default [0]: see the module docstring
 PTE_FORWARD = "forward"
 
 
@@ -78,6 +90,13 @@ def cache_io_of(output_names_: list[str]) -> CacheIO:
             if output_names_ == output_names(len(output_names_[1:]) // 2, io):
                 return io
     raise ValueError(f"graph outputs {output_names_[:3]}... follow no omnidraft cache contract")
+
+
+def takes_logits_from(session: Any) -> bool:
+    """Whether ``session``'s graph takes ``LOGITS_FROM`` (ONNX Runtime lists an overridable
+    initializer apart from the inputs; a graph may also declare it a plain input)."""
+    inputs = [*session.get_inputs(), *session.get_overridable_initializers()]
+    return any(i.name == LOGITS_FROM for i in inputs)
 
 
 def contiguous_positions(start_pos: int, t: int) -> np.ndarray:
@@ -123,6 +142,10 @@ class ExplicitCacheGraph:
         vocab = session.get_outputs()[0].shape[-1]  # logits (1, T, V)
         self._vocab = vocab if isinstance(vocab, int) else info.vocab_size
         self._ort = ort
+        # a dynamic-T graph that takes LOGITS_FROM computes a last-only call's row alone
+        self.last_row_alone = info.seq_len is None and takes_logits_from(session)
+        self._from = np.zeros(1, np.int64)  # LOGITS_FROM, bound once as an OrtValue over it
+        self._from_value = ort.OrtValue.ortvalue_from_numpy(self._from)
         self.reset()
 
     def reset(self) -> None:
@@ -139,6 +162,8 @@ class ExplicitCacheGraph:
         binding = session.io_binding()
         for i, value in enumerate(self._values):
             binding.bind_ortvalue_input(cache_in(i), value)
+        if takes_logits_from(session):  # ``bind_cpu_input`` refuses an overridable initializer
+            binding.bind_ortvalue_input(LOGITS_FROM, self._from_value)
         binding.bind_output(LOGITS, "cpu")  # outputs come back in binding order
         for i, value in enumerate(self._values):
             if self.cache_io is CacheIO.SHARED:
@@ -166,16 +191,20 @@ class ExplicitCacheGraph:
         return {TOKEN_IDS: token_ids, INPUT_POS: input_pos, **caches}
 
     def _call(
-        self, ids: np.ndarray, pos: np.ndarray, n_real: int, *, decode: bool = False
-    ) -> np.ndarray:
+        self, ids: np.ndarray, pos: np.ndarray, n_real: int, *, decode: bool = False,
+        last_alone: bool = False,
+    ) -> np.ndarray:  # fmt: skip
+        """Logits ``(T, V)``, or ``(1, V)`` with ``last_alone`` (the graph takes LOGITS_FROM)."""
         session: Any
         session, b = (
             (self.decode, self._decode_binding) if decode else (self.session, self._binding)
         )
         b.bind_cpu_input(TOKEN_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(INPUT_POS, np.ascontiguousarray(pos, dtype=np.int64))
+        t = ids.shape[1]
+        self._from[0] = t - 1 if last_alone else 0  # every call sets it: the binding keeps it
         if self.cache_io is CacheIO.SHARED:
-            return self._call_shared(session, b, ids.shape[1])
+            return self._call_shared(session, b, 1 if last_alone else t)
         self._rebind_t_shaped(b)
         session.run_with_iobinding(b)
         logits, *new = b.get_outputs()
@@ -183,24 +212,33 @@ class ExplicitCacheGraph:
             cache[:, :, pos[:n_real], :] = entries.numpy()[:, :, :n_real, :]  # host write
         return np.asarray(logits.numpy()[0])
 
-    def _call_shared(self, session: Any, binding: Any, t: int) -> np.ndarray:
+    def _call_shared(self, session: Any, binding: Any, rows: int) -> np.ndarray:
         """SHARED graphs: the caches are bound once, so ORT writes the logits straight into a
         fresh array (the caller keeps it): no output list to fetch (2L+1 OrtValue wrappers, the
-        largest host cost of a 1-token call) and no arena buffer to hand over."""
-        logits = np.empty((1, t, self._vocab), np.float32)  # (1, T, V)
+        largest host cost of a 1-token call) and no arena buffer to hand over. ``rows``: T, or 1
+        for a last-only call."""
+        logits = np.empty((1, rows, self._vocab), np.float32)  # (1, rows, V)
         binding.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         session.run_with_iobinding(binding)
         return logits[0]
 
-    def run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
+    def run(
+        self, token_ids: np.ndarray, input_pos: np.ndarray, *, last_only: bool = False
+    ) -> np.ndarray:
         """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated. A
-        static-T graph takes chunks of T (``static_chunks``); one token goes to ``decode``."""
+        static-T graph takes chunks of T (``static_chunks``); one token goes to ``decode``.
+
+        ``last_only``: only the last row, ``(1, V)``: computed alone where the graph takes
+        ``LOGITS_FROM`` (``last_row_alone``), else cut from every row (same values)."""
         if self.decode is not None and token_ids.shape[1] == 1:
             return self._call(token_ids, input_pos, 1, decode=True)
         if self.info.seq_len is None:
-            return self._call(token_ids, input_pos, token_ids.shape[1])
-        chunks = static_chunks(token_ids, input_pos, self.info.seq_len, self.info.max_seq_len)
-        return np.concatenate([self._call(i, p, n)[:n] for i, p, n in chunks], axis=0)
+            alone = last_only and self.last_row_alone
+            logits = self._call(token_ids, input_pos, token_ids.shape[1], last_alone=alone)
+        else:
+            chunks = static_chunks(token_ids, input_pos, self.info.seq_len, self.info.max_seq_len)
+            logits = np.concatenate([self._call(i, p, n)[:n] for i, p, n in chunks], axis=0)
+        return logits[-1:] if last_only else logits
 
 
 def pte_step(method: Any, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:

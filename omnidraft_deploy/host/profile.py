@@ -1,7 +1,8 @@
 """``omnidraft profile BUNDLE``: measure the cost model's latencies on the runtime that will run them.
 
 Per-call latency of the target graph for T = 1..k_max+1 fed tokens, of each drafter graph for
-T = 1..3, a prefill of ``context`` tokens by each graph, and the host cost of one step (logit checks +
+T = 1..3, a prefill of ``context`` tokens by each graph (the last row only, as the decoder's
+prefills run: ``protocols.last_logits``), and the host cost of one step (logit checks +
 greedy verification) and of one lookup proposal. Calls are interleaved across repeats (every
 (graph, T) once per round, the order rotated each round) so machine noise hits all alike; medians
 are kept. The result (``speculative.cost.CostProfile``) is written as ``cost_profile.json`` to the
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
-from omnidraft_deploy.protocols import CausalLM
+from omnidraft_deploy.protocols import CausalLM, last_logits
 from omnidraft_deploy.speculative.cost import PROFILE_FILE, CostProfile
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.verify import accept_greedy, greedy_ids
@@ -50,16 +51,19 @@ def ort_session(path: Path, *, threads: int | None = None) -> Any:
     return cpu_session(path, threads=threads or physical_cores(), spinning=Spin.IN_CALL)
 
 
-def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:
-    t0 = time.perf_counter()
-    lm.forward(ids, pos)
-    return 1e3 * (time.perf_counter() - t0)
-
-
 def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return 1e3 * (time.perf_counter() - t0)
+
+
+def _call(lm: CausalLM, ids: torch.Tensor, pos: int) -> float:
+    return _timed(lambda: lm.forward(ids, pos))
+
+
+def _prefill(lm: CausalLM, ids: torch.Tensor) -> float:
+    """ms of a prefill of ``ids`` as the decoder runs it: the last row's logits only."""
+    return _timed(lambda: last_logits(lm, ids, 0))
 
 
 @torch.inference_mode()
@@ -77,9 +81,9 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
     ids = (torch.arange(max(context, far) + k_max + 1) * 7919 % 5000 + 100).long()
     models: dict[str, CausalLM] = {"": target, **drafters}
     for lm in models.values():
-        lm.forward(ids[:context], 0)  # fill the KV cache; the timed calls read it
+        last_logits(lm, ids[:context], 0)  # fill the KV cache; the timed calls read it
     if far:
-        target.forward(ids[:far], 0)  # near calls rewrite slots >= context only
+        last_logits(target, ids[:far], 0)  # near calls rewrite slots >= context only
     jobs = [("", t) for t in range(1, k_max + 2)] + [(n, t) for n in drafters for t in (1, 2, 3)]
     jobs += [("far", t) for t in range(1, k_max + 2)] if far else []
     jobs.append(("prefill", context))
@@ -92,7 +96,7 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
         for name, t in jobs[r % len(jobs) :] + jobs[: r % len(jobs)]:
             if name.startswith("prefill"):
                 lm = models[name.partition(":")[2]]
-                times[(name, t)].append(_call(lm, ids[:t], 0) / t)
+                times[(name, t)].append(_prefill(lm, ids[:t]) / t)
             elif name == "far":
                 times[(name, t)].append(_call(target, ids[far : far + t], far))
             else:

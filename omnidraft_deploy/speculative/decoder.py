@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
+from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.drafter import Mode, Proposal
 from omnidraft_deploy.speculative.hybrid import make_proposer
@@ -156,7 +156,7 @@ def _target_only(
     out: list[int] = []
     feed, pos = list(prompt_ids), 0
     while True:
-        row = target.forward(torch.tensor(feed, dtype=torch.long), pos)[-1]
+        row = last_logits(target, torch.tensor(feed, dtype=torch.long), pos)
         stats.target_calls += 1
         pos += len(feed)
         if cfg.temperature <= 0:
@@ -240,9 +240,9 @@ class SpeculativeDecoder:
         self.drafter.reset(prompt_ids)
         self.drafter.seconds, self.drafter.calls = 0.0, 0
         committed, out = list(prompt_ids), list[int]()
-        if len(committed) > 1:  # prefill all but the last prompt token
-            t0 = time.perf_counter()
-            self.target.forward(torch.tensor(committed[:-1], dtype=torch.long), 0)
+        if len(committed) > 1:  # prefill all but the last prompt token (its logits unread:
+            t0 = time.perf_counter()  # the graph scores one row, not T)
+            last_logits(self.target, torch.tensor(committed[:-1], dtype=torch.long), 0)
             stats.target_s += time.perf_counter() - t0
             stats.target_calls += 1
         while True:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
+from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits
 from omnidraft_deploy.speculative.draft_len import confidence_features
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
 from omnidraft_deploy.vocab.mapper import VocabMapper
@@ -109,7 +109,7 @@ class CrossVocabDrafter:
 
     def _forward(self, ids: list[int], start: int) -> Tensor:
         t0 = time.perf_counter()
-        logits = self.lm.forward(torch.tensor(ids, dtype=torch.long), start)[-1]
+        logits = last_logits(self.lm, torch.tensor(ids, dtype=torch.long), start)  # (V_graph,)
         # (V_graph,) -> (V_d,): a graph padded past its tokenizer (every Qwen: 151936 rows, 151665
         # ids) never drafts a padded row, as ``DecodeConfig.vocab_limit`` masks the target's
         logits = logits[: self.mapper.draft_vocab_size]

@@ -44,6 +44,22 @@ class CheckedLM:
         return self.inner.forward(token_ids, start_pos)
 
 
+class LastRowRecorder(CheckedLM):
+    """Records ``(method, T, start)`` of every call; has ``forward_last`` (``LastRowLM``)."""
+
+    def __init__(self, inner: EagerLM) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[str, int, int]] = []
+
+    def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        self.calls.append(("forward", len(token_ids), start_pos))
+        return super().forward(token_ids, start_pos)
+
+    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor:
+        self.calls.append(("forward_last", len(token_ids), start_pos))
+        return super().forward(token_ids, start_pos)[-1]
+
+
 def _pair(seed: int = 0):
     dt, tt = toy_pair()
     mapper = VocabMapper.from_tokenizers(dt, tt)
@@ -84,6 +100,21 @@ def test_greedy_with_trained_like_drafter_accepts() -> None:
     assert out == generate_target_only(target, ids, cfg)[0]
     assert stats.acceptance_rate > 0.9
     assert stats.tokens_per_target_call > 3.0
+
+
+def test_prefills_drafter_and_target_only_request_the_last_row_only() -> None:
+    """The target's prefill (logits unread), every drafter call and target-only decoding ask for
+    the last row (``protocols.last_logits``); only verification asks for every row."""
+    _, tt, mapper, target, drafter = _pair()
+    t_lm, d_lm, ref_lm = LastRowRecorder(target), LastRowRecorder(drafter), LastRowRecorder(target)
+    ids, cfg = tt.encode(" abc abc"), DecodeConfig(max_new_tokens=12)
+    out, _ = SpeculativeDecoder(t_lm, d_lm, mapper, FixedDraftLen(3), config=cfg).generate(ids)
+    assert len(ids) > 1 and t_lm.calls[0] == ("forward_last", len(ids) - 1, 0)
+    assert len(t_lm.calls) > 1 and all(m == "forward" for m, _, _ in t_lm.calls[1:])
+    assert d_lm.calls and {m for m, _, _ in d_lm.calls} == {"forward_last"}
+    assert max(t for _, t, _ in d_lm.calls) > 1  # the drafter's prefill is one of them
+    ref, _ = generate_target_only(ref_lm, ids, cfg)
+    assert out == ref and {m for m, _, _ in ref_lm.calls} == {"forward_last"}
 
 
 def _text(tok, ids: list[int]) -> bytes:

@@ -93,9 +93,9 @@ public final class CrossVocabDrafter {
         int[] feed = draftIds.slice(kvLen, draftIds.size());
         int start = kvLen;
         for (int i = 0; i < k; i++) {
-            float[][] logits = lm.forward(feed, start);
+            float[] logits = lm.forwardLast(feed, start); // only the next token's row is read
             calls++;
-            float[] probs = draftProbs(logits[logits.length - 1]);
+            float[] probs = draftProbs(logits);
             start += feed.length;
             int d = temperature <= 0 ? Sampling.argmax(probs) : Sampling.sample(probs, uniforms.next());
             out.add(d);

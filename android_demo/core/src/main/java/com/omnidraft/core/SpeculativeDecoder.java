@@ -62,8 +62,8 @@ public final class SpeculativeDecoder {
         drafter.calls = 0;
         IntList committed = new IntList(promptIds);
         IntList out = new IntList();
-        if (committed.size() > 1) { // prefill all but the last prompt token
-            target.forward(committed.slice(0, committed.size() - 1), 0);
+        if (committed.size() > 1) { // prefill all but the last prompt token (logits unread: last row only)
+            target.forwardLast(committed.slice(0, committed.size() - 1), 0);
             stats.targetCalls++;
         }
         while (true) {

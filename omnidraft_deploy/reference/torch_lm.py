@@ -33,7 +33,3 @@ class EagerLM:
         self.n_calls += 1
         input_pos = torch.arange(start_pos, start_pos + t, dtype=torch.long)
         return self.model(token_ids.view(1, t), input_pos)[0].float()
-
-    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor:
-        """``forward(...)[-1]`` (``protocols.LastRowLM``): eager computes every row anyway."""
-        return self.forward(token_ids, start_pos)[-1]

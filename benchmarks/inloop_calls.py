@@ -37,14 +37,14 @@ Call = tuple[str, int, int, float]  # graph, T, first position, ms
 
 
 def _record(model: Any, name: str, log: list[Call]) -> None:
-    """Wrap ``model._run`` and ``model._run_last`` (``runtime.base.RuntimeModel``: ``forward``
-    and ``forward_last``) to log each call."""
-    for method in ("_run", "_run_last"):
+    """Wrap ``model._run`` and ``model._run_tail`` (``runtime.base.RuntimeModel``: ``forward``
+    and ``forward_tail``) to log each call."""
+    for method in ("_run", "_run_tail"):
         inner = getattr(model, method)
 
-        def timed(ids: np.ndarray, pos: np.ndarray, inner: Any = inner) -> np.ndarray:
+        def timed(ids: np.ndarray, pos: np.ndarray, *rows: int, inner: Any = inner) -> np.ndarray:
             t0 = time.perf_counter()
-            out = inner(ids, pos)
+            out = inner(ids, pos, *rows)
             log.append((name, int(ids.shape[1]), int(pos[0]), 1e3 * (time.perf_counter() - t0)))
             return out
 
@@ -77,7 +77,7 @@ def run(a: argparse.Namespace) -> None:
         if name == "target":
             b.target.forward(fed, pos)
         else:
-            b.drafter.forward_last(fed, pos)  # the drafter reads the last row only
+            b.drafter.forward_tail(fed, pos, 1)  # the drafter reads the last row only
     replay = log[len(log) - n_loop :]
     groups: dict[tuple[str, int], dict[str, list[float]]] = collections.defaultdict(
         lambda: {"loop": [], "replay": [], "pos": []}

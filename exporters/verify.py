@@ -6,8 +6,8 @@ static-T chunking; ``executorch.runtime`` for ``.pte``), independently of ``runt
 import it), and compared with the eager fp32 model by ``omnidraft_deploy.checks.parity`` (prefill,
 single steps, a KV rollback). A result outside the recipe's tolerance raises
 ``ExportVerificationError``; the returned dict goes into ``GraphInfo.parity``. An ONNX graph that
-takes ``logits_from`` (``graph_contract.LOGITS_FROM``) must also give, in a last-only call, the
-full call's last row bit for bit (``check_last_row``).
+takes ``logits_from`` (``graph_contract.LOGITS_FROM``) must also give, in a call for its tail, the
+full call's rows bit for bit (``check_tail_rows``).
 """
 
 from __future__ import annotations
@@ -75,22 +75,25 @@ def _graph_step(graph: gc.ExplicitCacheGraph) -> StepFn:
     return onnx_step
 
 
-def check_last_row(graph: gc.ExplicitCacheGraph, prompt: Sequence[int], name: str) -> None:
-    """A graph that takes ``logits_from`` (``last_row_alone``): a last-only call of ``prompt``
-    must give the full call's last row bit for bit (the rows are cut before the lm_head, whose
-    rows are each their own arithmetic, per-row activation scales included); else
-    ``ExportVerificationError``. Nothing to check for a graph without the input."""
-    if not graph.last_row_alone:
+def check_tail_rows(graph: gc.ExplicitCacheGraph, prompt: Sequence[int], name: str) -> None:
+    """A graph that takes ``logits_from`` (``tail_alone``): a call of ``prompt`` that asks for its
+    last row, and one that asks for its last three (a prefill that verifies proposals), must give
+    the full call's rows bit for bit (the rows are cut before the lm_head, whose rows are each
+    their own arithmetic, per-row activation scales included); else ``ExportVerificationError``.
+    Nothing to check for a graph without the input."""
+    if not graph.tail_alone:
         return
     ids, pos = np.array([list(prompt)], np.int64), gc.contiguous_positions(0, len(prompt))
-    full = graph.run(ids, pos)[-1]  # (V,)
-    alone = graph.run(ids, pos, last_only=True)[0]  # same slots rewritten with the same entries
-    if not np.array_equal(full, alone):
-        raise ExportVerificationError(
-            f"{name}: a last-only call (logits_from = T - 1) gives a last row that differs from "
-            f"the full call's (max |diff| {float(np.abs(full - alone).max()):.3g}); the runtime's "
-            "prefill and drafter read that row, so the graph is refused"
-        )
+    full = graph.run(ids, pos)  # (T, V)
+    for rows in sorted({1, min(3, len(prompt))}):
+        alone = graph.run(ids, pos, rows=rows)  # same slots rewritten with the same entries
+        if not np.array_equal(full[-rows:], alone):
+            diff = float(np.abs(full[-rows:] - alone).max())
+            raise ExportVerificationError(
+                f"{name}: a call for the last {rows} row(s) (logits_from = T - {rows}) gives rows "
+                f"that differ from the full call's (max |diff| {diff:.3g}); the runtime's prefill "
+                "and drafter read those rows, so the graph is refused"
+            )
 
 
 def reference_for(path: Path, eager: Transformer) -> Transformer:
@@ -166,7 +169,7 @@ def verify_artifact(
         )
     log.info("%s parity: %s", path.name, result)
     if graph is not None:
-        check_last_row(graph, prompts[0], path.name)
+        check_tail_rows(graph, prompts[0], path.name)
     speed = step_speed(step, verify_len=verify_len, max_seq_len=info.max_seq_len)
     log.info("%s speed: %s", path.name, speed)
     return result | speed

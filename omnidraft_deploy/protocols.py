@@ -2,7 +2,7 @@
 
 Everything that runs a network (eager PyTorch, ONNX Runtime, ExecuTorch, QNN HTP) implements
 ``CausalLM``; the speculative loop only ever talks to this interface (and, through
-``last_logits``, to the optional ``LastRowLM`` capability).
+``tail_logits`` / ``last_logits``, to the optional ``TailRowsLM`` capability).
 """
 
 from __future__ import annotations
@@ -33,25 +33,31 @@ class CausalLM(Protocol):
 
 
 @runtime_checkable
-class LastRowLM(CausalLM, Protocol):
-    """An optional capability: ``forward_last(token_ids (T,), start_pos) -> logits (V,)``, the
-    last row of ``forward`` (same values, same cache writes) without the other T - 1 rows' lm_head:
-    what a prefill and a drafter read. ``last_logits`` uses it where a model has it."""
+class TailRowsLM(CausalLM, Protocol):
+    """An optional capability: ``forward_tail(token_ids (T,), start_pos, rows) -> logits (rows,
+    V)``, the last ``rows`` rows of ``forward`` (same values, same cache writes) without the other
+    rows' lm_head: a prefill and a drafter read one row, a prefill that also verifies the first
+    step's proposals reads theirs. ``tail_logits`` uses it where a model has it."""
 
-    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor: ...
+    def forward_tail(self, token_ids: Tensor, start_pos: int, rows: int) -> Tensor: ...
+
+
+def tail_logits(lm: CausalLM, token_ids: Tensor, start_pos: int, rows: int) -> Tensor:
+    """Logits ``(rows, V)`` of the last ``rows`` of ``token_ids (T,)`` fed at ``start_pos`` (the
+    cache takes all T): ``lm.forward_tail`` (``TailRowsLM``) where ``lm`` has it, else
+    ``lm.forward(...)[-rows:]``, so any ``CausalLM`` works. Looked up by ``getattr``: an
+    ``isinstance`` check against the runtime Protocol took ~10 us a call here (Python 3.11),
+    paid on every drafter step."""
+    forward_tail = getattr(lm, "forward_tail", None)
+    if forward_tail is None:
+        return lm.forward(token_ids, start_pos)[-rows:]
+    out: Tensor = forward_tail(token_ids, start_pos, rows)  # (rows, V)
+    return out
 
 
 def last_logits(lm: CausalLM, token_ids: Tensor, start_pos: int) -> Tensor:
-    """Logits ``(V,)`` after the last of ``token_ids (T,)`` fed at ``start_pos`` (the cache
-    takes all T): ``lm.forward_last`` (``LastRowLM``) where ``lm`` has it, else
-    ``lm.forward(...)[-1]``, so any ``CausalLM`` works. Looked up by ``getattr``: an
-    ``isinstance`` check against the runtime Protocol took ~10 us a call here (Python 3.11),
-    paid on every drafter step."""
-    forward_last = getattr(lm, "forward_last", None)
-    if forward_last is None:
-        return lm.forward(token_ids, start_pos)[-1]
-    row: Tensor = forward_last(token_ids, start_pos)  # (V,)
-    return row
+    """Logits ``(V,)`` after the last of ``token_ids (T,)``: ``tail_logits``' one row."""
+    return tail_logits(lm, token_ids, start_pos, 1)[0]
 
 
 class TokenizerLike(Protocol):

@@ -1,8 +1,8 @@
 """``RuntimeModel``: one ABC level for exported graphs behind the ``CausalLM`` protocol.
 
 Each subclass only implements ``_run(token_ids (1,T) int64, input_pos (T,) int64) -> logits
-(T, V) float32``, and may override ``_run_last`` where its graph can score the last position
-alone (``forward_last``: a prefill, the drafter). The base class checks bounds and keeps the call
+(T, V) float32``, and may override ``_run_tail`` where its graph can score the last rows alone
+(``forward_tail``: a prefill, the drafter, a prefill that verifies the first proposals). The base class checks bounds and keeps the call
 count. KV caches are static and addressed by position, so rollback is calling again at an earlier
 ``start_pos``: nothing to undo.
 """
@@ -49,17 +49,17 @@ class RuntimeModel(ABC):
     def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
         return _tensor(self._run(*self._feed(token_ids, start_pos)))
 
-    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor:
-        """``forward(...)[-1]`` ``(V,)``, the last position's logits, alone where the graph can
-        (``_run_last``); the cache is updated for every token as by ``forward``."""
-        return _tensor(self._run_last(*self._feed(token_ids, start_pos)))[-1]
+    def forward_tail(self, token_ids: Tensor, start_pos: int, rows: int) -> Tensor:
+        """``forward(...)[-rows:]`` ``(rows, V)``, the last positions' logits, alone where the
+        graph can (``_run_tail``); the cache is updated for every token as by ``forward``."""
+        return _tensor(self._run_tail(*self._feed(token_ids, start_pos), rows))
 
     @abstractmethod
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray: ...
 
-    def _run_last(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-        """Logits whose last row is the last position's; here every row (``_run``)."""
-        return self._run(token_ids, input_pos)
+    def _run_tail(self, token_ids: np.ndarray, input_pos: np.ndarray, rows: int) -> np.ndarray:
+        """The last ``rows`` rows of the logits; here cut from every row (``_run``)."""
+        return self._run(token_ids, input_pos)[-rows:]
 
 
 def _tensor(logits: np.ndarray) -> Tensor:

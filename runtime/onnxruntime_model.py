@@ -3,8 +3,8 @@
 The graph contract, host-held caches (bound once by IOBinding; fused graphs write them in place
 and their logits straight into the array this class returns) and static-T chunking are
 ``omnidraft_deploy.bundle.graph_contract``'s; this class adapts them to the ``RuntimeModel`` interface
-(``forward(token_ids, start_pos)``; ``forward_last`` runs a graph that takes ``logits_from``
-for the last row only).
+(``forward(token_ids, start_pos)``; ``forward_tail`` runs a graph that takes ``logits_from``
+for the last rows only).
 
 Session options when this class opens the session (``session=None``): ``threads`` intra-op
 threads (None: ORT's default, one per physical core), ``spinning`` (default
@@ -63,5 +63,5 @@ class OrtModel(RuntimeModel):
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
         return self.graph.run(token_ids, input_pos)
 
-    def _run_last(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-        return self.graph.run(token_ids, input_pos, last_only=True)  # (1, V)
+    def _run_tail(self, token_ids: np.ndarray, input_pos: np.ndarray, rows: int) -> np.ndarray:
+        return self.graph.run(token_ids, input_pos, rows=rows)  # (rows, V)

@@ -89,7 +89,8 @@ def fingerprint(bundle: OpenBundle) -> str:
 
 def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int = 4) -> float:
     """Median host ms per speculative step in a real greedy decode of the bundle (module
-    docstring): wall time minus target and drafter calls, over the steps after the prefill."""
+    docstring): wall time minus target and drafter calls, over every step (the first is the
+    prefill)."""
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files,
                                 folder=parts(bundle.manifest).tokenizer)  # fmt: skip
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
@@ -102,7 +103,7 @@ def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int =
         dec = SpeculativeDecoder(bundle.target, bundle.drafter, bundle.mapper,
                                  FixedDraftLen(draft_len), config=cfg)  # fmt: skip
         _, stats = dec.generate(prompt)
-        steps = max(1, stats.target_calls - (1 if len(prompt) > 1 else 0))
+        steps = max(1, stats.target_calls)  # the first step is the prefill call
         per_step.append(1e3 * stats.overhead_s / steps)
     return statistics.median(per_step)
 

@@ -14,13 +14,13 @@ ONNX graphs (explicit caches, T dynamic or static):
   initializer* (a graph input with an initializer of the same name, value ``[0]``): logits come
   out for rows ``logits_from ..`` only, ``(1, T - logits_from, V)`` (the final norm is sliced
   before the lm_head). A caller that does not feed it gets every row, so old callers keep working;
-  a caller that needs only the next token's row feeds ``T - 1`` (a prefill, the drafter): the
-  lm_head (1536 x 151936 on Qwen2.5-Coder-1.5B, ~15% of a prefill row's FLOPs) runs once, not T
+  a caller that needs only the last ``n`` rows feeds ``T - n`` (a prefill or the drafter: one row;
+  a prefill that also verifies the first step's proposals: their rows, ``decoder``): the lm_head (1536 x 151936 on Qwen2.5-Coder-1.5B, ~15% of a prefill row's FLOPs) runs once, not T
   times (a 100-token prefill of an int8 SmolLM2-135M-sized graph: 52.9 ms instead of 62.7 ms).
   ONNX Runtime lists it in ``get_overridable_initializers()``, not ``get_inputs()``, and IOBinding's
   ``bind_cpu_input`` refuses it (it takes the type from the required inputs); an OrtValue binds
   (``tests/exporters/test_logits_from.py``). Graphs without it (traced, static-T, older bundles)
-  compute every row and the host keeps the last (``ExplicitCacheGraph.run(last_only=True)``);
+  compute every row and the host keeps the tail (``ExplicitCacheGraph.run(rows=n)``);
 - ``CacheIO.CHUNK`` graphs (plain ops: QNN, swappable drafters) output ``cache_out_{i} (1, KV, T,
   D)``, this chunk's new entries, which the host writes at ``input_pos``;
 - ``CacheIO.SHARED`` graphs (fused GroupQueryAttention: ``exporters.onnx.fused``) output
@@ -142,8 +142,8 @@ class ExplicitCacheGraph:
         vocab = session.get_outputs()[0].shape[-1]  # logits (1, T, V)
         self._vocab = vocab if isinstance(vocab, int) else info.vocab_size
         self._ort = ort
-        # a dynamic-T graph that takes LOGITS_FROM computes a last-only call's row alone
-        self.last_row_alone = info.seq_len is None and takes_logits_from(session)
+        # a dynamic-T graph that takes LOGITS_FROM computes the rows a tail call asks for alone
+        self.tail_alone = info.seq_len is None and takes_logits_from(session)
         self._from = np.zeros(1, np.int64)  # LOGITS_FROM, bound once as an OrtValue over it
         self._from_value = ort.OrtValue.ortvalue_from_numpy(self._from)
         self.reset()
@@ -192,9 +192,10 @@ class ExplicitCacheGraph:
 
     def _call(
         self, ids: np.ndarray, pos: np.ndarray, n_real: int, *, decode: bool = False,
-        last_alone: bool = False,
+        rows: int | None = None,
     ) -> np.ndarray:  # fmt: skip
-        """Logits ``(T, V)``, or ``(1, V)`` with ``last_alone`` (the graph takes LOGITS_FROM)."""
+        """Logits ``(T, V)``, or the last ``rows`` alone, ``(rows, V)`` (the graph takes
+        LOGITS_FROM)."""
         session: Any
         session, b = (
             (self.decode, self._decode_binding) if decode else (self.session, self._binding)
@@ -202,9 +203,9 @@ class ExplicitCacheGraph:
         b.bind_cpu_input(TOKEN_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         b.bind_cpu_input(INPUT_POS, np.ascontiguousarray(pos, dtype=np.int64))
         t = ids.shape[1]
-        self._from[0] = t - 1 if last_alone else 0  # every call sets it: the binding keeps it
+        self._from[0] = 0 if rows is None else t - rows  # every call sets it: the binding keeps it
         if self.cache_io is CacheIO.SHARED:
-            return self._call_shared(session, b, 1 if last_alone else t)
+            return self._call_shared(session, b, t if rows is None else rows)
         self._rebind_t_shaped(b)
         session.run_with_iobinding(b)
         logits, *new = b.get_outputs()
@@ -215,30 +216,34 @@ class ExplicitCacheGraph:
     def _call_shared(self, session: Any, binding: Any, rows: int) -> np.ndarray:
         """SHARED graphs: the caches are bound once, so ORT writes the logits straight into a
         fresh array (the caller keeps it): no output list to fetch (2L+1 OrtValue wrappers, the
-        largest host cost of a 1-token call) and no arena buffer to hand over. ``rows``: T, or 1
-        for a last-only call."""
+        largest host cost of a 1-token call) and no arena buffer to hand over. ``rows``: T, or
+        the tail a call asked for."""
         logits = np.empty((1, rows, self._vocab), np.float32)  # (1, rows, V)
         binding.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         session.run_with_iobinding(binding)
         return logits[0]
 
     def run(
-        self, token_ids: np.ndarray, input_pos: np.ndarray, *, last_only: bool = False
+        self, token_ids: np.ndarray, input_pos: np.ndarray, *, rows: int | None = None
     ) -> np.ndarray:
         """``token_ids (1, T)`` at ``input_pos (T,)`` -> logits ``(T, V)``; caches updated. A
         static-T graph takes chunks of T (``static_chunks``); one token goes to ``decode``.
 
-        ``last_only``: only the last row, ``(1, V)``: computed alone where the graph takes
-        ``LOGITS_FROM`` (``last_row_alone``), else cut from every row (same values)."""
-        if self.decode is not None and token_ids.shape[1] == 1:
+        ``rows``: only the last ``rows`` rows, ``(rows, V)`` (1 <= rows <= T): computed alone
+        where the graph takes ``LOGITS_FROM`` (``tail_alone``), else cut from every row (same
+        values)."""
+        t = token_ids.shape[1]
+        if rows is not None and not 1 <= rows <= t:
+            raise ValueError(f"rows {rows} of a {t}-token call: want 1..{t}")
+        if self.decode is not None and t == 1:
             return self._call(token_ids, input_pos, 1, decode=True)
         if self.info.seq_len is None:
-            alone = last_only and self.last_row_alone
-            logits = self._call(token_ids, input_pos, token_ids.shape[1], last_alone=alone)
+            alone = rows if self.tail_alone else None
+            logits = self._call(token_ids, input_pos, t, rows=alone)
         else:
             chunks = static_chunks(token_ids, input_pos, self.info.seq_len, self.info.max_seq_len)
             logits = np.concatenate([self._call(i, p, n)[:n] for i, p, n in chunks], axis=0)
-        return logits[-1:] if last_only else logits
+        return logits if rows is None else logits[-rows:]
 
 
 def pte_step(method: Any, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:

@@ -4,9 +4,12 @@ This module handles TARGET-vocabulary ids only. The drafter's vocabulary lives b
 ``CrossVocabDrafter`` and ``VocabMapper``; tokenizers appear only at the edges (CLI, benchmarks).
 
 Target KV invariant: after every step the target cache holds ``committed[:-1]``; the next call feeds
-``[committed[-1], *proposals]`` at position ``len(committed) - 1`` and gets one logits row per input,
-row ``i`` scoring the token after input ``i``. Rejected positions need no undo: the next call starts
-at the new ``len(committed) - 1`` and overwrites them (static cache, position-masked attention).
+``[committed[-1], *proposals]`` at position ``len(committed) - 1`` and reads the logits rows of those
+inputs only (``tail_logits``), row ``i`` scoring the token after input ``i``. The first step is the
+prompt's prefill: it feeds ``[*prompt, *proposals]`` at 0 and reads the same rows, so verifying the
+first proposals costs a few prefill rows, not a call of its own (target-only decoding gets its
+first token from its prefill too). Rejected positions need no undo: the next call starts at the
+new ``len(committed) - 1`` and overwrites them (static cache, position-masked attention).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.ngram.cache import NGramCache
-from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits
+from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits, tail_logits
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.drafter import Mode, Proposal
 from omnidraft_deploy.speculative.hybrid import make_proposer
@@ -240,18 +243,14 @@ class SpeculativeDecoder:
         self.drafter.reset(prompt_ids)
         self.drafter.seconds, self.drafter.calls = 0.0, 0
         committed, out = list(prompt_ids), list[int]()
-        if len(committed) > 1:  # prefill all but the last prompt token (its logits unread:
-            t0 = time.perf_counter()  # the graph scores one row, not T)
-            last_logits(self.target, torch.tensor(committed[:-1], dtype=torch.long), 0)
-            stats.target_s += time.perf_counter() - t0
-            stats.target_calls += 1
+        fed = 0  # committed[:fed] are in the target's cache: the first step is the prompt's prefill
         while True:
             prop = self.drafter.propose(generator)
             room = cap - len(committed)  # the feed may reach position cap - 1, as target-only
             n_prop = max(0, min(len(prop.target_ids), room))
-            feed = [committed[-1], *prop.target_ids[:n_prop]]
-            t0 = time.perf_counter()
-            logits = self.target.forward(torch.tensor(feed, dtype=torch.long), len(committed) - 1)
+            feed = [*committed[fed:], *prop.target_ids[:n_prop]]
+            t0 = time.perf_counter()  # only the rows verification reads (the prefill's: none)
+            logits = tail_logits(self.target, torch.tensor(feed, dtype=torch.long), fed, n_prop + 1)
             stats.target_s += time.perf_counter() - t0
             stats.target_calls += 1
             n_acc, next_id = self._verify(prop, n_prop, logits, generator)
@@ -262,6 +261,7 @@ class SpeculativeDecoder:
             self.drafter.commit(prop, n_acc, next_id)
             self._record(stats, prop.merged[:n_prop], n_acc, prop.n_drafted)
             committed += new_ids
+            fed = len(committed) - 1  # the next id is fed with the next step's proposals
             out = out_next
             if done or len(committed) > cap:
                 _capacity_note(stats, len(out), cfg, done and len(out) < cfg.max_new_tokens)

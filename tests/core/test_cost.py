@@ -71,7 +71,9 @@ def test_predicted_speedup_of_a_trace() -> None:
     plain = [StepRecord("none", 0, 0, 0)] * 10
     assert math.isclose(predicted_speedup(REAL, plain, prompt_len=20), 1.0)
     look = [StepRecord("lookup", 0, 3, 3)] * 4  # 16 tokens in 4 calls of width 4
-    assert math.isclose(predicted_speedup(REAL, look, prompt_len=1), 1600.0 / (4 * 116.0))
+    # the first token is the prefill's (free in this profile: no prefill cost), so is the first
+    # call's 1-token share: 15 target-only steps against 4 calls less one 1-token call
+    assert math.isclose(predicted_speedup(REAL, look, prompt_len=1), 1500.0 / (4 * 116.0 - 100.0))
 
 
 def test_cost_terms_add_up_to_the_predicted_time() -> None:
@@ -85,9 +87,10 @@ def test_cost_terms_add_up_to_the_predicted_time() -> None:
     t = cost_terms(prof, steps)
     assert t == {"drafter": 40.0, "verify_width": 35.0, "host": 7.0, "target_1": 300.0,
                  "tokens": 5.0}  # fmt: skip
-    base, spec = predicted_times(prof, steps, prompt_len=1)
-    assert math.isclose(t["target_1"] + t["drafter"] + t["verify_width"] + t["host"], spec)
-    assert math.isclose(t["tokens"] * prof.value_ms, base)
+    base, spec = predicted_times(prof, steps, prompt_len=1)  # no prefill cost in this profile
+    first = prof.target(1)  # the first step's call is the prefill's last row, in both
+    assert math.isclose(t["target_1"] + t["drafter"] + t["verify_width"] + t["host"] - first, spec)
+    assert math.isclose((t["tokens"] - 1) * prof.value_ms, base)
 
 
 def test_calls_deeper_in_the_context_cost_more_linearly_between_the_measured_lengths() -> None:
@@ -99,10 +102,10 @@ def test_calls_deeper_in_the_context_cost_more_linearly_between_the_measured_len
     assert prof.target_at(1, -10_000) == 15.0  # floored at half the measured latency
     steps = [StepRecord("lookup", 0, 1, 1), StepRecord("none", 0, 0, 0)]
     base, spec = predicted_times(prof, steps, prompt_len=257)  # first call at position 256
-    assert math.isclose(spec, (37.5 + 2.0) + prof.target_at(1, 258))
-    assert math.isclose(base, sum(prof.target_at(1, p) for p in (256, 257, 258)))
+    assert math.isclose(spec, (37.5 - 32.5 + 2.0) + prof.target_at(1, 258))  # width, host, next
+    assert math.isclose(base, sum(prof.target_at(1, p) for p in (257, 258)))
     t = cost_terms(prof, steps, prompt_len=257)
-    assert math.isclose(t["target_1"] + t["verify_width"] + t["host"], spec)
+    assert math.isclose(t["target_1"] + t["verify_width"] + t["host"] - 32.5, spec)
     assert CostProfile.from_json(prof.to_json()) == prof
     with pytest.raises(ValueError, match="far_context"):
         CostProfile(target_ms=(30.0,), context=64, far_context=32, target_ms_far=(35.0,))
@@ -187,6 +190,7 @@ def test_the_drafter_prefill_is_predicted_when_the_drafter_ran() -> None:
                        drafter_prefill_ms_per_token=2.0)  # fmt: skip
     model = [StepRecord("model", 1, 1, 1)]
     plain = [StepRecord("none", 0, 0, 0)]
-    assert math.isclose(predicted_times(prof, model, 11)[1], 100.0 + 130.0 + 22.0)
-    assert math.isclose(predicted_times(prof, plain, 11)[1], 100.0 + 100.0)
+    # 11 prefill rows (the last one the first step's call) + width 10 + drafter 20 + its prefill
+    assert math.isclose(predicted_times(prof, model, 11)[1], 110.0 + 30.0 + 22.0)
+    assert math.isclose(predicted_times(prof, plain, 11)[1], 110.0)
     assert CostProfile.from_json(prof.to_json()) == prof

@@ -44,20 +44,20 @@ class CheckedLM:
         return self.inner.forward(token_ids, start_pos)
 
 
-class LastRowRecorder(CheckedLM):
-    """Records ``(method, T, start)`` of every call; has ``forward_last`` (``LastRowLM``)."""
+class TailRecorder(CheckedLM):
+    """Records ``(method, T, start, rows)`` of every call; has ``forward_tail`` (``TailRowsLM``)."""
 
     def __init__(self, inner: EagerLM) -> None:
         super().__init__(inner)
-        self.calls: list[tuple[str, int, int]] = []
+        self.calls: list[tuple[str, int, int, int]] = []
 
     def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
-        self.calls.append(("forward", len(token_ids), start_pos))
+        self.calls.append(("forward", len(token_ids), start_pos, len(token_ids)))
         return super().forward(token_ids, start_pos)
 
-    def forward_last(self, token_ids: Tensor, start_pos: int) -> Tensor:
-        self.calls.append(("forward_last", len(token_ids), start_pos))
-        return super().forward(token_ids, start_pos)[-1]
+    def forward_tail(self, token_ids: Tensor, start_pos: int, rows: int) -> Tensor:
+        self.calls.append(("forward_tail", len(token_ids), start_pos, rows))
+        return super().forward(token_ids, start_pos)[-rows:]
 
 
 def _pair(seed: int = 0):
@@ -102,19 +102,40 @@ def test_greedy_with_trained_like_drafter_accepts() -> None:
     assert stats.tokens_per_target_call > 3.0
 
 
-def test_prefills_drafter_and_target_only_request_the_last_row_only() -> None:
-    """The target's prefill (logits unread), every drafter call and target-only decoding ask for
-    the last row (``protocols.last_logits``); only verification asks for every row."""
+def test_calls_request_only_the_rows_they_read() -> None:
+    """The first step is the prompt's prefill: one call of the whole prompt and the first
+    proposals that asks for the proposals' rows (plus the next token's) only; every later target
+    call asks for all its rows (all are verification rows); every drafter call and target-only
+    decoding ask for the last row (``protocols.tail_logits``). The output is target-only's."""
     _, tt, mapper, target, drafter = _pair()
-    t_lm, d_lm, ref_lm = LastRowRecorder(target), LastRowRecorder(drafter), LastRowRecorder(target)
+    t_lm, d_lm, ref_lm = TailRecorder(target), TailRecorder(drafter), TailRecorder(target)
     ids, cfg = tt.encode(" abc abc"), DecodeConfig(max_new_tokens=12)
-    out, _ = SpeculativeDecoder(t_lm, d_lm, mapper, FixedDraftLen(3), config=cfg).generate(ids)
-    assert len(ids) > 1 and t_lm.calls[0] == ("forward_last", len(ids) - 1, 0)
-    assert len(t_lm.calls) > 1 and all(m == "forward" for m, _, _ in t_lm.calls[1:])
-    assert d_lm.calls and {m for m, _, _ in d_lm.calls} == {"forward_last"}
-    assert max(t for _, t, _ in d_lm.calls) > 1  # the drafter's prefill is one of them
+    out, stats = SpeculativeDecoder(t_lm, d_lm, mapper, FixedDraftLen(3), config=cfg).generate(ids)
+    method, t, start, rows = t_lm.calls[0]
+    assert (method, start) == ("forward_tail", 0) and t == len(ids) + rows - 1
+    assert len(t_lm.calls) == stats.target_calls  # no prefill call of its own
+    assert all(t == rows for _, t, _, rows in t_lm.calls[1:])
+    assert d_lm.calls and {(m, r) for m, _, _, r in d_lm.calls} == {("forward_tail", 1)}
+    assert max(t for _, t, _, _ in d_lm.calls) > 1  # the drafter's prefill is one of them
     ref, _ = generate_target_only(ref_lm, ids, cfg)
-    assert out == ref and {m for m, _, _ in ref_lm.calls} == {"forward_last"}
+    assert out == ref and {(m, r) for m, _, _, r in ref_lm.calls} == {("forward_tail", 1)}
+
+
+def test_first_step_proposals_are_verified_inside_the_prefill() -> None:
+    """A drafter that is the target itself proposes at the first step (FixedDraftLen: no cost
+    model holding it back): the prefill call carries those proposals and verifies them, so the
+    first call already yields more than one token, and the output is still target-only's."""
+    _, tt, _, target, _ = _pair()
+    identity = VocabMapper.from_tokenizers(tt, tt)
+    t_lm, ids = TailRecorder(target), tt.encode("ab ca")
+    cfg = DecodeConfig(max_new_tokens=20)
+    out, stats = SpeculativeDecoder(t_lm, target, identity, FixedDraftLen(4), config=cfg).generate(
+        ids
+    )
+    _, t, start, rows = t_lm.calls[0]
+    assert start == 0 and rows == 5 and t == len(ids) + 4
+    assert stats.accept_counts[0] == 4
+    assert out == generate_target_only(target, ids, cfg)[0]
 
 
 def _text(tok, ids: list[int]) -> bytes:

@@ -146,7 +146,7 @@ def test_decoder_feeds_buffer_and_background_update_runs() -> None:
         config=DecodeConfig(max_new_tokens=12, observer_topk=4),
     )
     out, stats = decoder.generate([1, 2, 3], observer=dist)
-    assert len(dist.buffer) == stats.target_calls - 1  # one observation per verification step
+    assert len(dist.buffer) == stats.target_calls  # one per step (the first step is the prefill)
     obs = dist.buffer.sample(1)[0]
     assert obs.topk_ids.shape == (len(obs.new_ids), 4)
     worker = threading.Thread(target=dist.update)

@@ -59,22 +59,22 @@ def test_far_context_must_fit_the_target_and_can_be_turned_off() -> None:
     assert prof.target_ms_far == () and prof.far_context == 0
 
 
-class LastRowCountingLM(CountingLM):
-    """Also has ``forward_last``; records its calls apart."""
+class TailCountingLM(CountingLM):
+    """Also has ``forward_tail``; records its calls apart."""
 
     def __init__(self) -> None:
         super().__init__()
         self.last_calls = list[tuple[int, int]]()
 
-    def forward_last(self, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+    def forward_tail(self, token_ids: torch.Tensor, start_pos: int, rows: int) -> torch.Tensor:
         self.last_calls.append((int(token_ids.shape[0]), start_pos))
-        return self.rows[token_ids[-1] % self.vocab_size]
+        return self.rows[token_ids[-rows:] % self.vocab_size]
 
 
 def test_prefills_are_timed_as_the_decoder_runs_them_last_row_only() -> None:
-    """``prefill_ms_per_token`` (target and drafter) times ``forward_last``, the decoder's prefill;
+    """``prefill_ms_per_token`` (target and drafter) times ``forward_tail``, the decoder's prefill;
     the step calls (verification widths, drafter steps) time ``forward``."""
-    target, drafter = LastRowCountingLM(), LastRowCountingLM()
+    target, drafter = TailCountingLM(), TailCountingLM()
     measure(target, {"d": drafter}, k_max=3, context=8, far_context=0, reps=2)
     for lm in (target, drafter):
         assert (8, 0) in lm.last_calls and (8, 0) not in lm.calls

@@ -1,8 +1,8 @@
 """``logits_from`` (``graph_contract.LOGITS_FROM``): fused graphs score only the rows a caller reads.
 
 How ONNX Runtime exposes an overridable initializer (checked here, not assumed), the fused graph's
-last-only call against its full call (bitwise, every path and recipe), ``forward_last`` on it, and
-export verification refusing a graph whose last-only row differs.
+call for its last rows against its full call (bitwise, every path and recipe), ``forward_tail`` on
+it, and export verification refusing a graph whose tail rows differ.
 """
 
 from __future__ import annotations
@@ -87,23 +87,27 @@ def _graph(quant: str, invariant: bool) -> tuple[gc.ExplicitCacheGraph, bytes]:
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["gqa", "invariant"])
 @pytest.mark.parametrize("quant", ["fp32", "int8", "w8a8"])
-def test_last_only_call_is_the_full_calls_last_row_bit_for_bit(quant: str, invariant: bool) -> None:
+def test_tail_calls_are_the_full_calls_rows_bit_for_bit(quant: str, invariant: bool) -> None:
     graph, _ = _graph(quant, invariant)
-    assert graph.last_row_alone
+    assert graph.tail_alone
     ids, pos = np.array([PROMPT]), gc.contiguous_positions(0, len(PROMPT))
     full = graph.run(ids, pos)  # logits_from not fed by the host: 0, every row
     assert full.shape == (len(PROMPT), SPEC.vocab_size)
-    graph.reset()
-    alone = graph.run(ids, pos, last_only=True)
-    assert alone.shape == (1, SPEC.vocab_size)
-    assert np.array_equal(alone, full[-1:]), np.abs(alone - full[-1:]).max()
+    for rows in (1, 4, len(PROMPT)):
+        graph.reset()
+        alone = graph.run(ids, pos, rows=rows)
+        assert alone.shape == (rows, SPEC.vocab_size)
+        assert np.array_equal(alone, full[-rows:]), np.abs(alone - full[-rows:]).max()
     again = graph.run(ids[:, :4], pos[:4])  # the bound logits_from is back to 0: all rows
     np.testing.assert_array_equal(again, full[:4])
     nxt = np.array([[7]]), gc.contiguous_positions(len(PROMPT), 1)
+    graph.run(ids, pos, rows=1)
     step = graph.run(*nxt)  # reads the cache the last-only call wrote
     graph.reset()
     graph.run(ids, pos)
     np.testing.assert_array_equal(step, graph.run(*nxt))
+    with pytest.raises(ValueError, match="rows 0"):
+        graph.run(ids, pos, rows=0)
 
 
 def test_a_session_not_feeding_logits_from_gets_every_row() -> None:
@@ -116,7 +120,7 @@ def test_a_session_not_feeding_logits_from_gets_every_row() -> None:
     assert logits.shape == (1, len(PROMPT), SPEC.vocab_size)
 
 
-def test_forward_last_on_a_fused_graph_is_forward_last_row(tmp_path: Path) -> None:
+def test_forward_tail_on_a_fused_graph_is_forwards_tail(tmp_path: Path) -> None:
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     graph, data = _graph("w8a8", True)
@@ -124,16 +128,16 @@ def test_forward_last_on_a_fused_graph_is_forward_last_row(tmp_path: Path) -> No
     path.write_bytes(data)
     model = OrtModel(path, graph.info, threads=2, huge_pages=False)
     ids = torch.tensor(PROMPT)
-    last = model.forward_last(ids, 0)
-    assert last.shape == (SPEC.vocab_size,) and model.n_calls == 1
-    assert torch.equal(last, model.forward(ids, 0)[-1])
+    tail = model.forward_tail(ids, 0, 2)
+    assert tail.shape == (2, SPEC.vocab_size) and model.n_calls == 1
+    assert torch.equal(tail, model.forward(ids, 0)[-2:])
     with pytest.raises(ValueError, match="outside"):
-        model.forward_last(ids, MAX_SEQ - 2)
+        model.forward_tail(ids, MAX_SEQ - 2, 1)
 
 
-def test_export_verification_refuses_a_graph_whose_last_only_row_differs(tmp_path: Path) -> None:
+def test_export_verification_refuses_a_graph_whose_tail_rows_differ(tmp_path: Path) -> None:
     """A graph edited to add ``logits_from`` to its logits: full calls (logits_from 0) still
-    match eager, the last-only row is off by T - 1, and verification says so."""
+    match eager, a last-row call is off by T - 1, and verification says so."""
     from onnx import helper
 
     _, data = _graph("fp32", False)
@@ -148,14 +152,14 @@ def test_export_verification_refuses_a_graph_whose_last_only_row_differs(tmp_pat
     onnx.save(proto, str(path))
     model = build_model(SPEC, seed=5, max_seq_len=MAX_SEQ)
     info = graph_info(model, SPEC, file=path.name, quantization="fp32", seq_len=None)
-    with pytest.raises(ExportVerificationError, match="last-only call"):
+    with pytest.raises(ExportVerificationError, match="last 1 row"):
         verify_artifact(path, info, model, get_recipe("onnx", "fp32"), [PROMPT])
 
 
 def test_greedy_speculative_equals_target_only_on_fused_graphs(tmp_path: Path) -> None:
-    """Both graphs take ``logits_from``: the target's prefill, target-only decoding and every
-    drafter call ask for the last row alone, verification for every row; the w8a8 invariant
-    target keeps greedy speculative output equal to target-only output."""
+    """Both graphs take ``logits_from``: target-only decoding and every drafter call ask for the
+    last row alone, the speculative prefill for its proposals' rows, verification for every row;
+    the w8a8 invariant target keeps greedy speculative output equal to target-only output."""
     from omnidraft_deploy.runtime.onnxruntime_model import OrtModel
 
     from omnidraft_deploy.speculative.decoder import (
@@ -173,7 +177,7 @@ def test_greedy_speculative_equals_target_only_on_fused_graphs(tmp_path: Path) -
         (path := tmp_path / f"{name}.onnx").write_bytes(data)
         models.append(OrtModel(path, graph.info, threads=2, huge_pages=False))
     target, drafter = models
-    assert target.graph.last_row_alone and drafter.graph.last_row_alone
+    assert target.graph.tail_alone and drafter.graph.tail_alone
     pieces = [b"</s>", *(bytes([i]) for i in range(1, 256)), *(bytes([65, i]) for i in range(128))]
     tok = TableTokenizer("bytes", pieces)  # 384 ids: one vocabulary for both graphs
     mapper = VocabMapper.from_tokenizers(tok, tok)

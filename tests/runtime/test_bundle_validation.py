@@ -100,7 +100,7 @@ def test_cli_run_streams_text_and_step_stats(
     text, err = capsys.readouterr()  # stats go to stderr, the text alone to stdout
     stats = json.loads(err.strip().splitlines()[-1])
     assert text.startswith(prompt) and stats["n_generated"] == 6
-    assert err.count("[step ") == stats["target_calls"] - 1  # the prefill call commits nothing
+    assert err.count("[step ") == stats["target_calls"]  # the first step is the prefill call
     tok = load_tokenizer(manifest.graphs["target"].tokenizer)
     assert len(tok.encode(text[len(prompt) :].rstrip("\n"))) > 0
 

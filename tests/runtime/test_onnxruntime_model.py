@@ -67,15 +67,15 @@ def test_logits_match_eager_through_rollback(setup: Setup, graph: str) -> None:
 
 
 @pytest.mark.parametrize("graph", sorted(GRAPHS))
-def test_forward_last_falls_back_on_graphs_without_logits_from(setup: Setup, graph: str) -> None:
-    """Traced graphs (dynamic or static T) take no ``logits_from``: ``forward_last`` is the
-    last of every row (old bundles keep working), one counted call."""
+def test_forward_tail_falls_back_on_graphs_without_logits_from(setup: Setup, graph: str) -> None:
+    """Traced graphs (dynamic or static T) take no ``logits_from``: ``forward_tail`` is the
+    tail of every row (old bundles keep working), one counted call."""
     model = setup[1][graph]
-    assert not model.graph.last_row_alone
+    assert not model.graph.tail_alone
     ids, calls = torch.tensor([3, 1, 4, 1, 5, 9, 2]), model.n_calls
-    last = model.forward_last(ids, 0)
-    assert last.shape == (model.vocab_size,) and model.n_calls == calls + 1
-    assert torch.equal(last, model.forward(ids, 0)[-1])
+    tail = model.forward_tail(ids, 0, 3)
+    assert tail.shape == (3, model.vocab_size) and model.n_calls == calls + 1
+    assert torch.equal(tail, model.forward(ids, 0)[-3:])
 
 
 def test_static_graph_padding_never_writes_cache(setup: Setup) -> None:

@@ -22,16 +22,17 @@ import java.util.Map;
  * graphs (seq_len from the manifest) are fed in chunks of exactly T, a short chunk padded with its
  * last token at the following positions (padded rows are dropped and never written back).
  *
- * <p>forwardLast (a prefill, every drafter call) feeds {@code logits_from (1,)} int64 = T - 1 where
- * a dynamic-T graph lists it among its inputs (other calls feed 0: every row): logits come out
- * (1, 1, V), the lm_head runs once, and the cache outputs are those of a full call. Fused graphs
+ * <p>forwardTail (every drafter call: 1 row; every target call of the decoder: its verification
+ * rows, the first one a prefill) feeds {@code logits_from (1,)} int64 = T - rows where a dynamic-T
+ * graph lists it among its inputs (forward feeds 0: every row): logits come out (1, rows, V), the
+ * lm_head runs rows times, not T, and the cache outputs are those of a full call. Fused graphs
  * (exporters/onnx/fused.py) declare it an overridable initializer (an input with an initializer
  * [0]), which the ONNX Runtime Java API cannot feed: OrtSession.getInputNames() / getInputInfo()
  * list SessionGetInputName's inputs only, as Python's get_inputs(); there is no Java call for
  * SessionGetOverridableInitializer*; and run() throws "Unknown input name" for a name outside
  * getInputNames() and refuses more feeds than getNumInputs() (OrtSession.java in
  * microsoft/onnxruntime, the same in releases with pinned outputs). Such graphs, and static-T ones,
- * take the default: every row computed, the last kept.
+ * take the default: every row computed, the last rows kept.
  */
 final class OrtModel implements CausalLm {
     private static final String LOGITS_FROM = "logits_from";
@@ -41,7 +42,7 @@ final class OrtModel implements CausalLm {
     private final float[][] caches; // 2L buffers of (1, KV, S, D), row-major
     private final boolean chunkOutputs;
     private final boolean takesLogitsFrom; // a plain input the Java API can feed (class comment)
-    private final boolean lastRowAlone; // and T dynamic: one call scores the last row alone
+    private final boolean tailAlone; // and T dynamic: one call scores the last rows alone
 
     OrtModel(File file, BundleManifest.Graph info, boolean qnn) throws OrtException, FormatException {
         OrtSession.SessionOptions options = new OrtSession.SessionOptions();
@@ -59,7 +60,7 @@ final class OrtModel implements CausalLm {
         this.caches = new float[2 * info.nLayers][info.nKvHeads * info.maxSeqLen * info.headDim];
         this.chunkOutputs = session.getOutputNames().contains("cache_out_0");
         this.takesLogitsFrom = session.getInputNames().contains(LOGITS_FROM);
-        this.lastRowAlone = takesLogitsFrom && info.seqLen <= 0;
+        this.tailAlone = takesLogitsFrom && info.seqLen <= 0;
     }
 
     @Override
@@ -69,7 +70,7 @@ final class OrtModel implements CausalLm {
         try {
             for (int s = 0; s < ids.length; s += t) {
                 int n = Math.min(t, ids.length - s);
-                float[][] chunk = call(ids, s, n, t, startPos + s, false);
+                float[][] chunk = call(ids, s, n, t, startPos + s, 0);
                 System.arraycopy(chunk, 0, rows, s, n);
             }
         } catch (OrtException e) {
@@ -79,19 +80,22 @@ final class OrtModel implements CausalLm {
     }
 
     @Override
-    public float[] forwardLast(int[] ids, int startPos) {
-        if (!lastRowAlone) {
-            return CausalLm.super.forwardLast(ids, startPos);
+    public float[][] forwardTail(int[] ids, int startPos, int rows) {
+        if (!tailAlone || rows < 1 || rows > ids.length) { // the default refuses rows outside 1..T
+            return CausalLm.super.forwardTail(ids, startPos, rows);
         }
         try {
-            return call(ids, 0, ids.length, ids.length, startPos, true)[0];
+            return call(ids, 0, ids.length, ids.length, startPos, ids.length - rows);
         } catch (OrtException e) {
             throw new IllegalStateException("ONNX Runtime failed on " + info.file + ": " + e.getMessage(), e);
         }
     }
 
-    /** Logits rows of one chunk: its n real rows, or with lastOnly (n == t) the last row alone. */
-    private float[][] call(int[] ids, int from, int n, int t, int startPos, boolean lastOnly) throws OrtException {
+    /**
+     * Logits rows of one chunk: its n real rows, or with logitsFrom > 0 (n == t, a graph that takes
+     * logits_from) rows logitsFrom .. t - 1 alone.
+     */
+    private float[][] call(int[] ids, int from, int n, int t, int startPos, int logitsFrom) throws OrtException {
         long[] tokens = new long[t];
         long[] pos = new long[t];
         for (int i = 0; i < t; i++) {
@@ -104,8 +108,8 @@ final class OrtModel implements CausalLm {
             feeds.put("token_ids", OnnxTensor.createTensor(env, LongBuffer.wrap(tokens), new long[] {1, t}));
             feeds.put("input_pos", OnnxTensor.createTensor(env, LongBuffer.wrap(pos), new long[] {t}));
             if (takesLogitsFrom) { // logits for rows logitsFrom .. only; the cache outputs are unchanged
-                long[] logitsFrom = {lastOnly ? t - 1 : 0};
-                feeds.put(LOGITS_FROM, OnnxTensor.createTensor(env, LongBuffer.wrap(logitsFrom), new long[] {1}));
+                long[] rowsFrom = {logitsFrom};
+                feeds.put(LOGITS_FROM, OnnxTensor.createTensor(env, LongBuffer.wrap(rowsFrom), new long[] {1}));
             }
             for (int i = 0; i < caches.length; i++) {
                 feeds.put("cache_" + i, OnnxTensor.createTensor(env, FloatBuffer.wrap(caches[i]), cacheShape));
@@ -116,8 +120,8 @@ final class OrtModel implements CausalLm {
                     FloatBuffer entries = ((OnnxTensor) out.get(i + 1)).getFloatBuffer();
                     writeBack(i, entries, n, t, startPos);
                 }
-                float[][] all = logits[0]; // (rows, V): 1 row with lastOnly, else t
-                return lastOnly ? new float[][] {all[all.length - 1]} : Arrays.copyOf(all, n);
+                float[][] all = logits[0]; // (rows, V): t - logitsFrom rows
+                return logitsFrom > 0 ? all : Arrays.copyOf(all, n);
             }
         } finally {
             for (OnnxTensor x : feeds.values()) {

@@ -6,18 +6,26 @@ package com.omnidraft.core;
  * logits rows, row i scoring the token after input i. Slots >= startPos are overwritten, so rolling
  * back is calling again with a smaller startPos.
  *
- * <p>{@code forwardLast} is the last row alone (protocols.LastRowLM / last_logits): what the target
- * prefill (its result unread) and every drafter call read. A model whose graph can score the last
- * position alone overrides it (OrtModel: a graph input {@code logits_from}); verification reads
- * every row and calls {@code forward}.
+ * <p>{@code forwardTail} is the last {@code rows} rows alone (protocols.TailRowsLM / tail_logits):
+ * every drafter call reads one; every target call of the speculative decoder reads its
+ * verification rows, the proposals' and the next token's (the first call is the prompt's prefill
+ * with the first proposals, whose prompt rows are not read). A model whose graph can score the
+ * tail alone overrides it (OrtModel: a graph input {@code logits_from} = T - rows).
  */
 public interface CausalLm {
     float[][] forward(int[] ids, int startPos);
 
-    /** The last row of {@code forward(ids, startPos)}, with the same cache writes (all of ids). */
-    default float[] forwardLast(int[] ids, int startPos) {
-        float[][] rows = forward(ids, startPos);
-        return rows[rows.length - 1];
+    /**
+     * The last {@code rows} rows of {@code forward(ids, startPos)} (1 <= rows <= ids.length), with
+     * the same cache writes (all of ids).
+     */
+    default float[][] forwardTail(int[] ids, int startPos, int rows) {
+        if (rows < 1 || rows > ids.length) {
+            throw new IllegalArgumentException("rows " + rows + " of a " + ids.length + "-token call: want 1.."
+                    + ids.length);
+        }
+        float[][] all = forward(ids, startPos);
+        return java.util.Arrays.copyOfRange(all, all.length - rows, all.length);
     }
 
     /** Logits row length (may exceed the tokenizer's vocabulary: padded rows). */

@@ -93,7 +93,7 @@ public final class CrossVocabDrafter {
         int[] feed = draftIds.slice(kvLen, draftIds.size());
         int start = kvLen;
         for (int i = 0; i < k; i++) {
-            float[] logits = lm.forwardLast(feed, start); // only the next token's row is read
+            float[] logits = lm.forwardTail(feed, start, 1)[0]; // only the next token's row is read
             calls++;
             float[] probs = draftProbs(logits);
             start += feed.length;

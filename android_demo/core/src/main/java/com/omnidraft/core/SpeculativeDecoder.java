@@ -4,7 +4,10 @@ package com.omnidraft.core;
  * The speculative decoding loop (speculative/decoder.py): draft -> map -> verify -> commit. It
  * handles target-vocabulary ids only; the drafter's vocabulary lives behind CrossVocabDrafter and
  * VocabMap. Target KV invariant: after every step the target cache holds committed[:-1]; the next
- * call feeds [committed[-1], proposals...] at position committed.size() - 1.
+ * call feeds [committed[-1], proposals...] at position committed.size() - 1 and reads the rows of
+ * those inputs only (forwardTail). The first step is the prompt's prefill: it feeds [prompt...,
+ * proposals...] at 0 and reads the same rows, so verifying the first proposals costs a few prefill
+ * rows, not a target call of its own.
  */
 public final class SpeculativeDecoder {
     /** Frozen decoding configuration (DecodeConfig). */
@@ -57,23 +60,27 @@ public final class SpeculativeDecoder {
         if (promptIds.length == 0) {
             throw new IllegalArgumentException("prompt_ids must hold at least one token");
         }
+        int cap = target.maxSeqLen();
+        if (promptIds.length > cap) {
+            throw new IllegalArgumentException("a prompt of " + promptIds.length + " tokens does not fit the"
+                    + " target's capacity of " + cap + " tokens (max_seq_len); shorten it or export with a"
+                    + " larger --max-seq-len");
+        }
         long t0 = System.nanoTime();
         drafter.reset(promptIds);
         drafter.calls = 0;
         IntList committed = new IntList(promptIds);
         IntList out = new IntList();
-        if (committed.size() > 1) { // prefill all but the last prompt token (logits unread: last row only)
-            target.forwardLast(committed.slice(0, committed.size() - 1), 0);
-            stats.targetCalls++;
-        }
+        int fed = 0; // committed[:fed] are in the target's cache: the first step is the prompt's prefill
         while (true) {
             CrossVocabDrafter.Proposal prop = drafter.propose(uniforms);
-            int room = target.maxSeqLen() - committed.size();
-            int nProp = Math.max(0, Math.min(prop.targetIds.length, room - 1));
-            int[] feed = new int[nProp + 1];
-            feed[0] = committed.get(committed.size() - 1);
-            System.arraycopy(prop.targetIds, 0, feed, 1, nProp);
-            float[][] logits = limit(target.forward(feed, committed.size() - 1), cfg.vocabLimit);
+            int room = cap - committed.size(); // the feed may reach position cap - 1, as target-only
+            int nProp = Math.max(0, Math.min(prop.targetIds.length, room));
+            int[] head = committed.slice(fed, committed.size());
+            int[] feed = java.util.Arrays.copyOf(head, head.length + nProp);
+            System.arraycopy(prop.targetIds, 0, feed, head.length, nProp);
+            // only the rows verification reads (the prefill's: none)
+            float[][] logits = limit(target.forwardTail(feed, fed, nProp + 1), cfg.vocabLimit);
             stats.targetCalls++;
             int[] proposals = java.util.Arrays.copyOf(prop.targetIds, nProp);
             int[] verdict = verify(proposals, prop, logits, uniforms);
@@ -89,7 +96,8 @@ public final class SpeculativeDecoder {
                 listener.onTokens(kept, stats);
             }
             committed.addAll(newIds);
-            if (done || committed.size() >= target.maxSeqLen()) {
+            fed = committed.size() - 1; // the next id is fed with the next step's proposals
+            if (done || committed.size() > cap) {
                 break;
             }
         }

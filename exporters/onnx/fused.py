@@ -12,8 +12,8 @@ GenAI's model builder emits for Llama / Qwen2 on CPU:
   offset per block (GGUF Q4_1's grid, exact for weights published in it): MatMulNBits' own zero
   points are integers, and its float zero points run 40x slower here (fp32 dequantisation per
   call), so the offsets are a per-row block sum times an ``(n_blocks, N)`` table, added after;
-- or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column, stored
-  as uint8 + 128: see ``GraphWriter.linear_rows``) and int8 activations with one scale per row:
+- or, recipe ``w8a8``, ``MatMulInteger`` on int8 weights (one scale per output column, zero
+  point 0: see ``GraphWriter.linear_rows``) and int8 activations with one scale per row:
   ONNX Runtime's integer GEMM instead of MatMulNBits' blockwise kernel. Measured here (2 threads,
   ``benchmarks/matmul_kernels.py``, reports/matmul_kernels.json): Qwen2.5's lm_head 896x151936
   takes 4.6 / 4.8 / 5.8 ms for T = 1 / 2 / 8 rows against MatMulNBits' 6.6 / 8.2 / 13.6, so
@@ -159,19 +159,24 @@ class GraphWriter:
         with zero point 128 (ONNX Runtime's MatMulInteger takes one activation zero point).
         Integer products are exact and every row's arithmetic is its own: batch-invariant.
 
-        The weights are stored as uint8 too (``q + 128``, zero point 128: u8 x u8), not int8:
-        on x86 CPUs without VNNI ONNX Runtime's u8 x s8 kernel sums pairs of products in int16
-        with saturation (``vpmaddubsw``), and activations centred on 128 overflow it all the
-        time: every output of a 1536-deep product was wrong here (AMD EPYC, AVX2), and the
-        Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager. Its u8 x u8 kernel widens to
-        int16 first and is exact on every CPU (``benchmarks/w8a8_saturation.py``)."""
+        The weights are int8 (zero point 0: u8 x s8). On x86 CPUs with VNNI, ONNX Runtime runs
+        that product with ``vpdpbusd`` (int32 sums): exact, and on a Zen 5 EPYC the 1.5B target's
+        1-token call took 38.6 ms against 51.8 ms for the u8 x u8 form this graph used to store
+        (``q + 128``, zero point 128), 9 tokens 65.6 against 94.0 ms, a prefill 2.8 against 4.8
+        ms a token, with bitwise the same logits (``docs/results/decoding.md``). On x86 without
+        VNNI the u8 x s8 kernel sums pairs of products in int16 with saturation
+        (``vpmaddubsw``): every output of a 1536-deep product was wrong on an AVX2 EPYC and the
+        Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager (``benchmarks/w8a8_saturation``),
+        so every session opened there asks for ONNX Runtime's exact kernel
+        (``host.onnx_host.cpu_session``, ``EXACT_U8S8``)."""
         wq, w_scale = per_row_int8(w.detach().float())  # (N, K), (N,)
-        wu = (wq.T.to(torch.int16) + 128).to(torch.uint8).contiguous().numpy()  # (K, N) uint8
+        w8 = wq.T.to(torch.int8).contiguous().numpy()  # (K, N) int8
         f32 = np.float32
         inv127 = self.shared("rows/inv127", np.array(1 / 127, f32))
         c128 = self.shared("rows/c128", np.array(128, f32))
         eps = self.shared("rows/eps", np.array(1e-10, f32))
         zp = self.shared("rows/zp", np.array(128, np.uint8))
+        wzp = self.shared("rows/wzp", np.array(0, np.int8))
         last = self.shared("rows/last_axis", np.array([-1], np.int64))
         p = f"{name}/rows"
         self.node("Abs", [x], [f"{p}/abs"])
@@ -184,7 +189,7 @@ class GraphWriter:
         self.node("Cast", [f"{p}/shifted"], [f"{p}/xq"], to=2)  # uint8; |x/scale| <= 127
         self.node(
             "MatMulInteger",
-            [f"{p}/xq", self.const(f"{name}.qweight", wu), zp, zp],
+            [f"{p}/xq", self.const(f"{name}.qweight", w8), zp, wzp],
             [f"{p}/acc"],
         )
         self.node("Cast", [f"{p}/acc"], [f"{p}/accf"], to=1)

@@ -6,6 +6,8 @@ runtime all open their sessions here. ONNX Runtime and its QNN plugin are import
 
 from __future__ import annotations
 
+import functools
+import platform
 import tempfile
 from enum import StrEnum
 from pathlib import Path
@@ -16,6 +18,30 @@ from omnidraft_deploy.optional import require
 
 def require_onnxruntime() -> Any:
     return require("onnxruntime", extra="onnx", purpose="the onnx backend")
+
+
+EXACT_U8S8 = "session.x64quantprecision"  # ORT: u8 x s8 GEMMs without int16 saturation on x64
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})  # /proc/cpuinfo names
+
+
+@functools.cache
+def u8s8_saturates() -> bool:
+    """Whether ONNX Runtime's u8 x s8 integer GEMM (``MatMulInteger`` with int8 weights: the
+    ``w8a8`` graph, ``exporters.onnx.fused.GraphWriter.linear_rows``) saturates on this CPU unless
+    the session asks for ``EXACT_U8S8``. It does on x86-64 without VNNI: its AVX2 kernel sums pairs
+    of u8 x s8 products in int16 (``vpmaddubsw``), and every output of a 1536-deep product came out
+    wrong on an AVX2 EPYC (``reports/w8a8_saturation``). With VNNI (``vpdpbusd`` accumulates in
+    int32) and on ARM (``sdot`` / ``udot``) it is exact. A CPU whose flags cannot be read (not
+    Linux) counts as saturating: the option costs speed, never exactness."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
+                  if ln.startswith("flags")), set())  # fmt: skip
+    return not flags & VNNI_FLAGS
 
 
 class Spin(StrEnum):
@@ -56,6 +82,8 @@ def cpu_session(
             opts.add_session_config_entry(f"session.{pool}.allow_spinning", allow)
         stop = str(int(spinning is Spin.IN_CALL))
         opts.add_session_config_entry("session.force_spinning_stop", stop)
+    if u8s8_saturates():  # int8 weights (w8a8) stay exact on x86 CPUs without VNNI
+        opts.add_session_config_entry(EXACT_U8S8, "1")
     model = path if isinstance(path, bytes) else str(path)
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 

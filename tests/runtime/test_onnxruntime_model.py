@@ -171,3 +171,48 @@ def test_spin_modes_reach_the_session(tmp_path: Path, spin: str, allow: str, sto
     assert opts.get_session_config_entry("session.force_spinning_stop") == stop
     runtime = OrtModel(path, info).graph.session.get_session_options()
     assert runtime.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "saturates"),
+    [
+        ("x86_64", "fpu sse2 avx avx2 fma", True),  # the AVX2 EPYC of reports/w8a8_saturation
+        ("x86_64", "avx2 avx512f avx512_vnni avx_vnni", False),  # Zen 4/5, Sapphire Rapids
+        ("x86_64", "avx2 avx_vnni", False),  # Alder Lake
+        ("aarch64", "", False),  # sdot / udot: exact
+        ("x86_64", None, True),  # flags unreadable: the exact kernel, slower but right
+    ],
+)
+def test_sessions_ask_for_exact_u8s8_products_where_the_cpu_saturates_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, machine: str, flags: str | None,
+    saturates: bool,
+) -> None:  # fmt: skip
+    """w8a8 graphs hold int8 weights (u8 x s8): on x86 without VNNI every session sets ONNX
+    Runtime's exact-kernel option (``onnx_host.EXACT_U8S8``), elsewhere none does."""
+    import platform
+
+    from omnidraft_deploy.host import onnx_host
+
+    real_read = Path.read_text
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if str(self) != "/proc/cpuinfo":
+            return real_read(self, *args, **kwargs)  # type: ignore[arg-type]
+        if flags is None:
+            raise OSError("no /proc here")
+        return f"processor\t: 0\nflags\t\t: {flags}\n"
+
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    monkeypatch.setattr(Path, "read_text", read_text)
+    onnx_host.u8s8_saturates.cache_clear()
+    try:
+        assert onnx_host.u8s8_saturates() is saturates
+        path, _ = cached_onnx(tmp_path, 256, 0, 2, None)
+        opts = onnx_host.cpu_session(path, threads=1).get_session_options()
+        if saturates:
+            assert opts.get_session_config_entry(onnx_host.EXACT_U8S8) == "1"
+        else:
+            with pytest.raises(RuntimeError, match="does not have configuration"):
+                opts.get_session_config_entry(onnx_host.EXACT_U8S8)
+    finally:
+        onnx_host.u8s8_saturates.cache_clear()

@@ -1,21 +1,27 @@
-"""Why the w8a8 graph failed its parity gate on this CPU: ONNX Runtime's u8 x s8 integer GEMM
-saturates on x86 without VNNI; the u8 x u8 form the exporter now writes is exact (issue 28).
+"""Which form of the w8a8 graph's integer products is exact on this CPU, and how fast (issue 28).
+
+ONNX Runtime's u8 x s8 integer GEMM saturates on x86 without VNNI (int16 pair sums,
+``vpmaddubsw``); with VNNI (``vpdpbusd``, int32 sums) it is exact and the fastest form. The
+exporter writes u8 x s8 (int8 weights), and sessions on CPUs without VNNI ask for the exact kernel
+(``host.onnx_host.cpu_session``); from 2026-11-27 to 28 it wrote u8 x u8 (weights ``q + 128``).
 
     .venv/bin/python -m benchmarks.w8a8_saturation --threads 2 [--model tiny-qwen2-7b]
 
-Two parts, each on this machine's CPU (its flags are recorded):
+Two parts, each on this machine's CPU (its flags are recorded); the sessions here are opened
+directly, each form with exactly the options its name says:
 
 - ``kernel``: one ``MatMulInteger`` per shape of Qwen2.5-Coder-1.5B (qkv 1536x2048, down_proj
   8960x1536, lm_head 1536x151936), with the w8a8 recipe's inputs (activations quantised per row,
   uint8 with zero point 128; weights symmetric int8), in three forms: ``u8s8`` (int8 weights: the
-  graph written before), ``u8s8+precision`` (the same with ONNX Runtime's session option
-  ``session.x64quantprecision=1``) and ``u8u8`` (weights stored ``q + 128`` with zero point 128:
-  the graph written now). Per form: the share of outputs that differ from the exact integer
-  product (numpy int64), the largest relative error, and the median ms of T = 1 and T = 5 rows.
+  graph as written), ``u8s8+precision`` (the same with ONNX Runtime's session option
+  ``session.x64quantprecision=1``) and ``u8u8`` (weights stored ``q + 128`` with zero point 128).
+  Per form: the share of outputs that differ from the exact integer product (numpy int64), the
+  largest relative error, and the median ms of T = 1 and T = 5 rows.
 - ``graph``: the fused w8a8 target graph of ``--model`` (SmoothQuant and all, as the exporter
   writes it) against eager fp32 on the export's verification prompts
-  (``exporters.verify.prompt_ids``, ``checks.parity``), as written (u8 x u8) and rewritten to the
-  former u8 x s8 weights: top-1 agreement and max |logit diff|, the numbers of the export's gate.
+  (``exporters.verify.prompt_ids``, ``checks.parity``), as written (u8 x s8, without and with the
+  option) and rewritten to u8 x u8 weights: top-1 agreement and max |logit diff|, the numbers of
+  the export's gate.
 
 Writes ``reports/w8a8_saturation/w8a8_saturation.{json,md}``. Nothing is asserted.
 """
@@ -106,18 +112,20 @@ def kernel_rows(threads: int, reps: int) -> list[dict[str, Any]]:
     return out
 
 
-def to_u8s8(proto: Any) -> Any:
-    """The graph as written before: every ``MatMulInteger``'s u8 + 128 weights back to int8 and
-    its weight zero point dropped (in place)."""
+def to_u8u8(proto: Any) -> Any:
+    """The graph as written from 2026-11-27 to 28: every ``MatMulInteger``'s int8 weights stored
+    as u8 + 128 with weight zero point 128 (in place)."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in proto.graph.initializer}
+    zp = numpy_helper.from_array(np.array(128, np.uint8), "rows/wzp_u8")
+    proto.graph.initializer.append(zp)
     for node in proto.graph.node:
         if node.op_type == "MatMulInteger" and len(node.input) == 4:
             t = inits[node.input[1]]
-            w = (numpy_helper.to_array(t).astype(np.int16) - 128).astype(np.int8)
+            w = (numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
             t.CopyFrom(numpy_helper.from_array(w, t.name))
-            del node.input[3]
+            node.input[3] = zp.name
     return proto
 
 
@@ -143,7 +151,7 @@ def graph_rows(preset: str, threads: int, max_seq_len: int) -> list[dict[str, An
         path = export_onnx(model, Path(tmp) / info.file, info=info, recipe=recipe, fused=True,
                            invariant=True)  # fmt: skip
         written = onnx.load(str(path))
-        for form, proto in (("u8u8", written), ("u8s8", to_u8s8(onnx.load(str(path))))):
+        for form, proto in (("u8s8", written), ("u8u8", to_u8u8(onnx.load(str(path))))):
             for sess_form in (form, f"{form}+precision") if form == "u8s8" else (form,):
                 graph = gc.ExplicitCacheGraph(session(proto, sess_form, threads), info)
 
@@ -162,7 +170,8 @@ def graph_rows(preset: str, threads: int, max_seq_len: int) -> list[dict[str, An
 
 
 def to_markdown(r: dict[str, Any]) -> str:
-    lines = ["# w8a8 on this CPU: u8 x s8 saturates, u8 x u8 is exact", "", *meta_lines(r["meta"]),
+    lines = ["# w8a8 on this CPU: which integer products are exact, and how fast", "",
+             *meta_lines(r["meta"]),
              f"CPU flags: {' '.join(r['cpu_flags']) or '-'}", "",
              "## One MatMulInteger per shape (w8a8 inputs; T = 5 rows for the errors)", "",
              "| shape | form | outputs wrong | max rel. error | ms T=1 | ms T=5 |",

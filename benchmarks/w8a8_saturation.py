@@ -114,18 +114,19 @@ def kernel_rows(threads: int, reps: int) -> list[dict[str, Any]]:
 
 def to_u8u8(proto: Any) -> Any:
     """The graph as written from 2026-11-27 to 28: every ``MatMulInteger``'s int8 weights stored
-    as u8 + 128 with weight zero point 128 (in place)."""
+    as u8 + 128, its weight zero point the activations' (u8 128) (in place)."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in proto.graph.initializer}
-    zp = numpy_helper.from_array(np.array(128, np.uint8), "rows/wzp_u8")
-    proto.graph.initializer.append(zp)
+    done: set[str] = set()
     for node in proto.graph.node:
-        if node.op_type == "MatMulInteger" and len(node.input) == 4:
-            t = inits[node.input[1]]
-            w = (numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
-            t.CopyFrom(numpy_helper.from_array(w, t.name))
-            node.input[3] = zp.name
+        if node.op_type == "MatMulInteger" and len(node.input) == 3:  # no weight zero point: 0
+            if node.input[1] not in done:
+                t = inits[node.input[1]]
+                w = (numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
+                t.CopyFrom(numpy_helper.from_array(w, t.name))
+                done.add(node.input[1])
+            node.input.append(node.input[2])
     return proto
 
 

@@ -176,7 +176,6 @@ class GraphWriter:
         c128 = self.shared("rows/c128", np.array(128, f32))
         eps = self.shared("rows/eps", np.array(1e-10, f32))
         zp = self.shared("rows/zp", np.array(128, np.uint8))
-        wzp = self.shared("rows/wzp", np.array(0, np.int8))
         last = self.shared("rows/last_axis", np.array([-1], np.int64))
         p = f"{name}/rows"
         self.node("Abs", [x], [f"{p}/abs"])
@@ -189,7 +188,7 @@ class GraphWriter:
         self.node("Cast", [f"{p}/shifted"], [f"{p}/xq"], to=2)  # uint8; |x/scale| <= 127
         self.node(
             "MatMulInteger",
-            [f"{p}/xq", self.const(f"{name}.qweight", w8), zp, wzp],
+            [f"{p}/xq", self.const(f"{name}.qweight", w8), zp],  # weight zero point: 0
             [f"{p}/acc"],
         )
         self.node("Cast", [f"{p}/acc"], [f"{p}/accf"], to=1)

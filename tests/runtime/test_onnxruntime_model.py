@@ -188,11 +188,31 @@ def test_sessions_ask_for_exact_u8s8_products_where_the_cpu_saturates_them(
     saturates: bool,
 ) -> None:  # fmt: skip
     """w8a8 graphs hold int8 weights (u8 x s8): on x86 without VNNI every session sets ONNX
-    Runtime's exact-kernel option (``onnx_host.EXACT_U8S8``), elsewhere none does."""
+    Runtime's exact-kernel option (``onnx_host.EXACT_U8S8``), elsewhere none does; a w8a8 graph
+    opens either way (with a weight zero point shared by every MatMulInteger, ORT refused the
+    graph under the option) and, wherever its products are exact, gives the same logits."""
+    import dataclasses
     import platform
 
-    from omnidraft_deploy.host import onnx_host
+    import numpy as np
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx.fused import build_graph
 
+    from omnidraft_deploy.bundle import graph_contract as gc
+    from omnidraft_deploy.catalog.backends import get_recipe
+    from omnidraft_deploy.catalog.presets import get_preset
+    from omnidraft_deploy.host import onnx_host
+    from omnidraft_deploy.reference.model import build_model
+
+    spec = dataclasses.replace(get_preset("tiny-qwen2-7b"), vocab_size=384)
+    model = build_model(spec, seed=3, max_seq_len=64)
+    with torch.no_grad():
+        data = build_graph(model, get_recipe("onnx", "w8a8"), invariant=True).SerializeToString()
+    info = graph_info(model, spec, file="target.onnx", quantization="w8a8", seq_len=None)
+    ids, pos = np.array([[5, 9, 100, 3, 44, 17]]), gc.contiguous_positions(0, 6)
+    onnx_host.u8s8_saturates.cache_clear()
+    really_saturates = onnx_host.u8s8_saturates()  # this machine's CPU, before the mock
+    plain = gc.ExplicitCacheGraph(onnx_host.cpu_session(data, threads=1), info).run(ids, pos)
     real_read = Path.read_text
 
     def read_text(self: Path, *args: object, **kwargs: object) -> str:
@@ -207,12 +227,15 @@ def test_sessions_ask_for_exact_u8s8_products_where_the_cpu_saturates_them(
     onnx_host.u8s8_saturates.cache_clear()
     try:
         assert onnx_host.u8s8_saturates() is saturates
-        path, _ = cached_onnx(tmp_path, 256, 0, 2, None)
-        opts = onnx_host.cpu_session(path, threads=1).get_session_options()
+        session = onnx_host.cpu_session(data, threads=1)
+        opts = session.get_session_options()
         if saturates:
             assert opts.get_session_config_entry(onnx_host.EXACT_U8S8) == "1"
         else:
             with pytest.raises(RuntimeError, match="does not have configuration"):
                 opts.get_session_config_entry(onnx_host.EXACT_U8S8)
+        logits = gc.ExplicitCacheGraph(session, info).run(ids, pos)
+        if saturates or not really_saturates:  # exact here: the same integer products
+            np.testing.assert_array_equal(logits, plain)
     finally:
         onnx_host.u8s8_saturates.cache_clear()

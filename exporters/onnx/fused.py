@@ -159,11 +159,13 @@ class GraphWriter:
         with zero point 128 (ONNX Runtime's MatMulInteger takes one activation zero point).
         Integer products are exact and every row's arithmetic is its own: batch-invariant.
 
-        The weights are int8 (zero point 0: u8 x s8). On x86 CPUs with VNNI, ONNX Runtime runs
-        that product with ``vpdpbusd`` (int32 sums): exact, and on a Zen 5 EPYC the 1.5B target's
-        1-token call took 38.6 ms against 51.8 ms for the u8 x u8 form this graph used to store
-        (``q + 128``, zero point 128), 9 tokens 65.6 against 94.0 ms, a prefill 2.8 against 4.8
-        ms a token, with bitwise the same logits (``docs/results/decoding.md``). On x86 without
+        The weights are int8 with no zero point input (0: u8 x s8; one zero point initializer
+        shared by every node made ONNX Runtime refuse the graph under ``EXACT_U8S8``). On x86
+        CPUs with VNNI, ONNX Runtime runs that product with ``vpdpbusd`` (int32 sums): exact, and
+        on a Zen 5 EPYC the 1.5B target's 1-token call took 37.7 ms against 50.0 ms for the u8 x
+        u8 form this graph used to store (``q + 128``, zero point 128), 9 tokens 65.6 against
+        98.9 ms, a prefill 2.7 against 5.1 ms a token, with bitwise the same logits
+        (``docs/results/decoding.md``). On x86 without
         VNNI the u8 x s8 kernel sums pairs of products in int16 with saturation
         (``vpmaddubsw``): every output of a 1536-deep product was wrong on an AVX2 EPYC and the
         Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager (``benchmarks/w8a8_saturation``),

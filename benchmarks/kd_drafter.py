@@ -125,7 +125,9 @@ def _save_hf(model: torch.nn.Module, spec: Any, out: Path) -> None:
     stage = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir(parents=True)
-    shutil.copy(base / "config.json", stage / "config.json")
+    config = json.loads((base / "config.json").read_text())
+    config["num_hidden_layers"] = len(model.model.layers)  # type: ignore[union-attr, arg-type]
+    (stage / "config.json").write_text(json.dumps(config, indent=2))  # a truncated drafter too
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
              if not k.startswith(("rope_", "kv_cache_")) and k != "lm_head.weight"}  # fmt: skip
     save_file(state, str(stage / "model.safetensors"), metadata={"format": "pt"})
@@ -141,6 +143,10 @@ def train(a: argparse.Namespace) -> None:
     spec = get_preset(a.drafter)
     rows, held = _rows(a)
     model = load_model(spec, max_seq_len=a.max_len)
+    if a.keep_layers:  # a shallower drafter: the preset's first blocks (benchmarks/drafter_depth)
+        from omnidraft_deploy.reference.truncate import truncate_layers
+
+        model = truncate_layers(model, a.keep_layers, max_seq_len=a.max_len)
     before = chat_kd.reply_agreement(model, held)
     print(f"train: {len(rows)} rows, {sum(len(r.ids) - r.start for r in rows)} reply ids; "
           f"held-out agreement before {before:.3f}", flush=True)  # fmt: skip
@@ -149,7 +155,7 @@ def train(a: argparse.Namespace) -> None:
     after = chat_kd.reply_agreement(model, held)
     _save_hf(model, spec, WORK / a.name / "drafter-hf")
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "rows": len(rows),
-               "held_out_rows": len(held), "config": cfg.__dict__, "held_out_agreement_before": before,
+               "held_out_rows": len(held), "config": cfg.__dict__, "layers": len(model.model.layers), "held_out_agreement_before": before,
                "held_out_agreement_after": after, "seconds": round(time.time() - t0, 1),
                "loss_first_20": sum(losses[:20]) / 20, "loss_last_20": sum(losses[-20:]) / 20,
                "losses": losses}  # fmt: skip
@@ -235,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--lr", type=float, default=3e-5)
     r.add_argument("--max-len", type=int, default=256, help="drafter ids per row (context cut)")
     r.add_argument("--train-layers", type=int, default=0, help="0: every parameter")
+    r.add_argument("--keep-layers", type=int, default=0, help="keep the first N blocks (0: all)")
     g = sub.choices["agree"]
     g.add_argument("--bundle", required=True)
     g.add_argument("--per-task", type=int, default=2)

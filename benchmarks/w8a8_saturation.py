@@ -38,20 +38,17 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common.report import meta_lines, run_meta, write_report
+from omnidraft_deploy.host import onnx_host
 
 SHAPES = {"qkv 1536x2048": (1536, 2048), "down_proj 8960x1536": (8960, 1536),
           "lm_head 1536x151936": (1536, 151936)}  # fmt: skip
 FORMS = ("u8s8", "u8s8+precision", "u8u8")
-PRECISION = "session.x64quantprecision"  # ORT: exact (slower) u8 x s8 kernels on AVX2
+PRECISION = onnx_host.EXACT_U8S8  # ORT: exact (slower) u8 x s8 kernels on AVX2
 
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines()
-                  if ln.startswith("flags")), [])  # fmt: skip
+    """The SIMD flags that decide the integer kernels (``onnx_host.cpu_flags``)."""
+    flags = onnx_host.cpu_flags() or frozenset()
     return sorted(f for f in flags if f.startswith(("avx", "amx")) or "vnni" in f)
 
 
@@ -118,14 +115,11 @@ def to_u8u8(proto: Any) -> Any:
     from onnx import numpy_helper
 
     inits = {t.name: t for t in proto.graph.initializer}
-    done: set[str] = set()
     for node in proto.graph.node:
         if node.op_type == "MatMulInteger" and len(node.input) == 3:  # no weight zero point: 0
-            if node.input[1] not in done:
-                t = inits[node.input[1]]
-                w = (numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
-                t.CopyFrom(numpy_helper.from_array(w, t.name))
-                done.add(node.input[1])
+            t = inits[node.input[1]]  # one weight per node (``GraphWriter.const``)
+            w = (numpy_helper.to_array(t).astype(np.int16) + 128).astype(np.uint8)
+            t.CopyFrom(numpy_helper.from_array(w, t.name))
             node.input.append(node.input[2])
     return proto
 

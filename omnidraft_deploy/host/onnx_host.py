@@ -24,6 +24,16 @@ EXACT_U8S8 = "session.x64quantprecision"  # ORT: u8 x s8 GEMMs without int16 sat
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})  # /proc/cpuinfo names
 
 
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as ``/proc/cpuinfo`` names them, None where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return next((frozenset(ln.split(":", 1)[1].split()) for ln in text.splitlines()
+                 if ln.startswith("flags")), frozenset())  # fmt: skip
+
+
 @functools.cache
 def u8s8_saturates() -> bool:
     """Whether ONNX Runtime's u8 x s8 integer GEMM (``MatMulInteger`` with int8 weights: the
@@ -35,13 +45,8 @@ def u8s8_saturates() -> bool:
     Linux) counts as saturating: the option costs speed, never exactness."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
-                  if ln.startswith("flags")), set())  # fmt: skip
-    return not flags & VNNI_FLAGS
+    flags = cpu_flags()
+    return flags is None or not flags & VNNI_FLAGS
 
 
 class Spin(StrEnum):

@@ -155,7 +155,8 @@ def train(a: argparse.Namespace) -> None:
     after = chat_kd.reply_agreement(model, held)
     _save_hf(model, spec, WORK / a.name / "drafter-hf")
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "rows": len(rows),
-               "held_out_rows": len(held), "config": cfg.__dict__, "layers": len(model.model.layers), "held_out_agreement_before": before,
+               "held_out_rows": len(held), "config": cfg.__dict__,
+               "layers": len(model.model.layers), "held_out_agreement_before": before,
                "held_out_agreement_after": after, "seconds": round(time.time() - t0, 1),
                "loss_first_20": sum(losses[:20]) / 20, "loss_last_20": sum(losses[-20:]) / 20,
                "losses": losses}  # fmt: skip

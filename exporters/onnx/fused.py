@@ -165,12 +165,11 @@ class GraphWriter:
         on a Zen 5 EPYC the 1.5B target's 1-token call took 37.7 ms against 50.0 ms for the u8 x
         u8 form this graph used to store (``q + 128``, zero point 128), 9 tokens 65.6 against
         98.9 ms, a prefill 2.7 against 5.1 ms a token, with bitwise the same logits
-        (``docs/results/decoding.md``). On x86 without
-        VNNI the u8 x s8 kernel sums pairs of products in int16 with saturation
-        (``vpmaddubsw``): every output of a 1536-deep product was wrong on an AVX2 EPYC and the
-        Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager (``benchmarks/w8a8_saturation``),
-        so every session opened there asks for ONNX Runtime's exact kernel
-        (``host.onnx_host.cpu_session``, ``EXACT_U8S8``)."""
+        (``docs/results/decoding.md``). On x86 without VNNI the u8 x s8 kernel sums pairs of
+        products in int16 with saturation (``vpmaddubsw``): every output of a 1536-deep product
+        was wrong on an AVX2 EPYC and the Qwen2.5-Coder-1.5B graph read top-1 0.878 against eager
+        (``benchmarks/w8a8_saturation``), so every session opened there asks for ONNX Runtime's
+        exact kernel (``host.onnx_host.cpu_session``, ``EXACT_U8S8``)."""
         wq, w_scale = per_row_int8(w.detach().float())  # (N, K), (N,)
         w8 = wq.T.to(torch.int8).contiguous().numpy()  # (K, N) int8
         f32 = np.float32

@@ -2,8 +2,8 @@
 
 The ``w8a8`` graph quantises every weight matmul's input to int8 with one scale per row (token), so
 that ``MatMulInteger`` (ONNX Runtime's integer GEMM, u8 x s8: exact on every CPU the runtime
-opens it on, see ``exporters.onnx.fused.GraphWriter.linear_rows``) does the products exactly and a row's result
-does not depend on the other rows. One scale over the whole hidden vector is coarse
+opens it on, see ``exporters.onnx.fused.GraphWriter.linear_rows``) does the products exactly and
+a row's result does not depend on the other rows. One scale over the whole hidden vector is coarse
 where a few channels carry most of the magnitude (Qwen2.5-0.5B's down_proj input above all).
 SmoothQuant
 (Xiao et al. 2023) moves that magnitude into the weights: input channel ``j`` is divided by

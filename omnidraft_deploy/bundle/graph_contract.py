@@ -15,7 +15,8 @@ ONNX graphs (explicit caches, T dynamic or static):
   out for rows ``logits_from ..`` only, ``(1, T - logits_from, V)`` (the final norm is sliced
   before the lm_head). A caller that does not feed it gets every row, so old callers keep working;
   a caller that needs only the last ``n`` rows feeds ``T - n`` (a prefill or the drafter: one row;
-  a prefill that also verifies the first step's proposals: their rows, ``decoder``): the lm_head (1536 x 151936 on Qwen2.5-Coder-1.5B, ~15% of a prefill row's FLOPs) runs once, not T
+  a prefill that also verifies the first step's proposals: their rows, ``decoder``): the lm_head
+  (1536 x 151936 on Qwen2.5-Coder-1.5B, ~15% of a prefill row's FLOPs) runs n times, not T
   times (a 100-token prefill of an int8 SmolLM2-135M-sized graph: 52.9 ms instead of 62.7 ms).
   ONNX Runtime lists it in ``get_overridable_initializers()``, not ``get_inputs()``, and IOBinding's
   ``bind_cpu_input`` refuses it (it takes the type from the required inputs); an OrtValue binds

@@ -1,14 +1,13 @@
 """What a shallower drafter would cost per call: a drafter's fused int8 graph cut to N layers.
 
 Issue 26: once the 1.5B target's call fell to ~38 ms (int8 weights, u8 x s8), SmolLM2-135M's
-~5.5 ms call is 0.15 of it, and the drafter is not bound by its weight bytes (an all-int4 graph
-was as slow). This measures the other lever, depth: the drafter (``--weights``, a Hugging Face
-folder such as ``kd_drafter``'s ``drafter-hf``, or the preset's own weights) is truncated to its
-first N blocks (``reference.truncate.truncate_layers``), each exported as the bundle's fused
-``int8`` graph (``exporters.onnx.fused``), and a 1-token call after a 120-token prefill is timed,
-the graphs interleaved call by call on the same cores (``Spin.IN_CALL``, as the runtime opens
-them). Speed only: a truncated drafter would have to be distilled again, and its acceptance is
-not measured here.
+~5.5 ms call is 0.15 of it. This measures what depth costs: the drafter (``--weights``, a
+Hugging Face folder such as ``kd_drafter``'s ``drafter-hf``, or the preset's own weights) is
+truncated to its first N blocks (``reference.truncate.truncate_layers``), each exported as the
+bundle's fused ``int8`` graph (``exporters.onnx.fused``), and a 1-token call after a 120-token
+prefill is timed, the graphs interleaved call by call on the same cores (``Spin.IN_CALL``, as
+the runtime opens them). Speed only: a truncated drafter would have to be distilled again, and
+its acceptance is not measured here.
 
     python -m benchmarks.drafter_depth --weights .bench/kd/q15e/drafter-hf --layers 30,20,15,10
 

@@ -8,7 +8,7 @@ target call of width 1 and of width T into ONNX Runtime's per-operator time (its
 shows where the verification width is paid.
 
     python -m benchmarks.pair_calls calls --bundle bundles/q15-w8a8 --rounds 2
-    python -m benchmarks.pair_calls ops --bundle bundles/q15-w8a8 --width 5
+    python -m benchmarks.pair_calls ops --bundle bundles/q15-w8a8 --width 5 [--name pair_calls_ops_x]
 
 Reports: ``reports/pair_calls/pair_calls.{json,md}`` and ``pair_calls_ops.{json,md}``, with the
 command, git revision, CPU and load average. Run it with nothing else on the machine.
@@ -133,7 +133,7 @@ def cmd_ops(a: argparse.Namespace) -> None:
         one, wide = per[1][o], per[a.width][o]
         lines.append(f"| {o} | {one:.1f} | {wide:.1f} | {wide / max(one, 1e-9):.2f} |")
     data = {"meta": meta, "wall_ms": wall, "op_ms": {str(t): dict(v) for t, v in per.items()}}
-    _write("pair_calls_ops", data, lines)
+    _write(a.name or "pair_calls_ops", data, lines)
 
 
 def _write(name: str, data: dict, lines: list[str]) -> None:
@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--reps", type=int, default=8, help="calls of each width (ops)")
         q.add_argument("--mode", choices=MODES, default="in-call", help="(one)")
         q.add_argument("--steps", type=int, default=24, help="(one)")
+        q.add_argument("--name", default="", help="(ops) report name, default pair_calls_ops")
     a = p.parse_args(argv)
     if a.verb == "one":
         r = one_mode(a.bundle, a.mode, threads=a.threads, k=a.k, width=a.width, steps=a.steps)

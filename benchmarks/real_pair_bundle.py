@@ -15,6 +15,8 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 - ``ours_hybrid_smollm2``: the same plus lookup drafts, chosen per step by the cost model;
 - ``ours_lookup``: lookup drafts alone (no drafter model);
 - ``ours_family``: the family bundle's drafter (same vocabulary as the target; ``--family-bundle``);
+  ``ours_family_fixed``: the same drafter at its bundle's draft length on every step, without the
+  cost policy (which may keep a costly drafter off: the control's other reading);
 - ``ours_smollm2_kd`` / ``ours_hybrid_smollm2_kd``: the drafter of ``--kd-bundle`` (the same
   drafter distilled for this target, ``benchmarks/kd_drafter.py``, exported with
   ``--target-from``) in place of the bundle's, without / with lookup: base and distilled drafter
@@ -71,10 +73,15 @@ def load_prompts(tok: Any, tasks: list[str], per_task: int) -> list[tuple[str, l
 
 
 def _decoder(bundle: OpenBundle, prof: CostProfile, cfg: DecodeConfig, *, model: bool,
-             lookup: bool, drafter: OpenBundle | None = None) -> SpeculativeDecoder:  # fmt: skip
-    """A decoder as ``run`` builds it (cost-aware, the bundle's n-gram cache, host threads 1)."""
+             lookup: bool, drafter: OpenBundle | None = None,
+             fixed: bool = False) -> SpeculativeDecoder:  # fmt: skip
+    """A decoder as ``run`` builds it (cost-aware, the bundle's n-gram cache, host threads 1);
+    ``fixed``: the drafter's bundle's own draft length at every step instead (no cost policy)."""
     src = drafter or bundle
     cache = copy.deepcopy(src.ngram_cache) if model else None  # each decoder grows its own
+    if fixed:
+        return make_decoder(bundle.target, src.drafter, src.mapper, cfg, policy="fixed",
+                            draft_len=src.manifest.draft_len, ngram_cache=cache)  # fmt: skip
     return make_decoder(bundle.target, src.drafter if model else None, src.mapper, cfg,
                         policy="cost", draft_len=2 * bundle.manifest.draft_len, profile=prof,
                         ngram_cache=cache, lookup=lookup)  # fmt: skip
@@ -116,6 +123,10 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBun
             dec = _decoder(bundle, profs[prof], base, model=model, lookup=look,
                            drafter=others.get(prof))  # fmt: skip
             m[name] = decoder_run(dec, profile=profs[prof])
+        if "family" in others:  # the family drafter without the policy's say
+            fixed = _decoder(bundle, profs["family"], base, model=True, lookup=False,
+                             drafter=others["family"], fixed=True)  # fmt: skip
+            m["ours_family_fixed"] = decoder_run(fixed, profile=profs["family"])
         if a.genai:
             m["genai_target"] = peers.genai_method(a.threads, a.max_new_tokens, Path(a.genai))
         if a.gguf:

@@ -85,7 +85,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
 
 def _drafter_of(method: str) -> str:
     name = method.removeprefix("ours_").removeprefix("hybrid_").removesuffix("_t07")
-    name = name.removesuffix("_heur")
+    name = name.removesuffix("_heur").removesuffix("_fixed")
     return "" if name in ("lookup", "target") else name
 
 
@@ -95,7 +95,8 @@ def limiting_term(method: str, a: dict[str, Any], prof: CostProfile | None) -> s
         return ""
     c = prof.drafter_ratio
     widen = prof.target(2) / prof.target(1)
-    if a.get("steps", {}).get("model", 0) and c > 0.2:
+    drafted = a.get("steps", {}).get("model", 0) or a.get("drafter_calls_per_token", 0) > 0
+    if drafted and c > 0.2:
         return (
             f"drafter cost ratio c = {c:.2f}: a drafted token pays only if accepted with "
             f"probability > {c + widen - 1:.2f}; measured acceptance {a['acceptance']:.2f}"

@@ -5,7 +5,7 @@ reference, per prompt position: where the largest logit differences sit.
         --prompts 3 --out reports/xnnpack_gguf4/eager_rows.json
     ... --split gate_proj,up_proj --k 4 --parity-prompts 12 --out reports/xnnpack_gguf4/F.json
 
-``--split KINDS``: those linears' inputs get ``--k`` outlier channels (``exporters.xnnpack.outliers``,
+``--split KINDS``: those linears' inputs get ``--k`` outlier channels (``exporters.quant.outliers``,
 chosen on ``--calib`` held-out calibration prompts) in an exact fp32 side matmul.
 ``--fast``: every torchao linear (the 4-bit codes, the 8-bit weights) replaced by the same int8
 per-token activations (``int8_rows``) times its weight dequantised once, instead of torchao
@@ -46,7 +46,7 @@ def outlier_quantized(spec: Any, model: Any, split: tuple[str, ...], k: int,
 
     channels = {}
     if split:
-        from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+        from omnidraft_deploy.exporters.quant.outliers import outlier_channels
 
         channels = outlier_channels(model, calibration(spec, model, n_calib), k, split)
     quant, share = gguf_quantized(model, gguf_file(spec), channels)

@@ -61,7 +61,8 @@ class GraphWriter:
 
     def __init__(self, bits: int, block: int, *, data: BinaryIO | None = None, location: str = "",
                  act_rows: bool = False, plan: dict[str, int] | None = None,
-                 grids: dict[str, list[Grid]] | None = None) -> None:  # fmt: skip
+                 grids: dict[str, list[Grid]] | None = None,
+                 outliers: dict[str, np.ndarray] | None = None) -> None:  # fmt: skip
         from onnx import ModelProto, helper
 
         self.helper, self.model = helper, ModelProto()
@@ -69,6 +70,7 @@ class GraphWriter:
         # matmul name -> bits where not the graph's (``exporters.quant.int4_plan``)
         self.plan = plan or {}
         self.grids = grids or {}  # name -> its parts on their GGUF grids (``onnx.gguf_grid``)
+        self.outliers = outliers or {}  # grid matmul name -> input channels split out of it
         self._shared: set[str] = set()
         self.data, self.location = data, location
         self.nodes: list[Any] = []
@@ -114,7 +116,7 @@ class GraphWriter:
         n, k = w.shape
         bits = self.plan.get(name, self.bits) if bits is None else bits
         if name in self.grids:
-            out = grid_linear(self, name, x, self.grids[name])
+            out = grid_linear(self, name, x, self.grids[name], self.outliers.get(name))
         elif bits == 8 and self.act_rows:
             out = self.linear_rows(name, x, w)
         elif bits == 0:
@@ -278,11 +280,13 @@ def weight_bits(recipe: QuantRecipe | None) -> int:
 def build_graph(
     model: Transformer, recipe: QuantRecipe | None, *, data: BinaryIO | None = None,
     location: str = "", invariant: bool = False, plan: dict[str, int] | None = None,
-    grids: dict[str, list[Grid]] | None = None,
+    grids: dict[str, list[Grid]] | None = None, outliers: dict[str, np.ndarray] | None = None,
 ) -> Any:  # fmt: skip
     """The fused ``onnx.ModelProto`` of ``model``: weights inline, or with ``data`` written to
     that open file as external data named ``location`` (see ``GraphWriter``). ``plan``: bits of
     named body matmuls where they differ from the recipe's (``exporters.quant.int4_plan``).
+    ``grids`` / ``outliers``: matmuls kept on their GGUF grids, and the input channels taken out
+    of some of them (``gguf_grid.grid_linear``).
 
     ``invariant``: batch-invariant attention from plain ops (``invariant``, ``CacheIO.CHUNK``)
     instead of ``GroupQueryAttention`` (``CacheIO.SHARED``)."""
@@ -293,7 +297,7 @@ def build_graph(
     bits = weight_bits(recipe)
     act_rows = recipe is not None and recipe.activations is Activations.ROWS
     g = GraphWriter(bits, recipe.group_size if recipe else 32, data=data, location=location,
-                    act_rows=act_rows, plan=plan, grids=grids)  # fmt: skip
+                    act_rows=act_rows, plan=plan, grids=grids, outliers=outliers)  # fmt: skip
     cos, sin = (
         model.get_buffer("rope_cos"),
         model.get_buffer("rope_sin"),

@@ -199,14 +199,49 @@ def _matmul(g: GraphWriter, name: str, x: str, grid: Grid) -> str:
     return f"{name}/out"
 
 
-def grid_linear(g: GraphWriter, name: str, x: str, parts: list[Grid]) -> str:
-    """``x @ cat(parts).T``: one ``_matmul`` per run of alike parts, concatenated."""
+def grid_linear(
+    g: GraphWriter, name: str, x: str, parts: list[Grid], outliers: np.ndarray | None = None
+) -> str:
+    """``x @ cat(parts).T``: one ``_matmul`` per run of alike parts, concatenated. ``outliers``:
+    input channels taken out of the int8-activation path (``_split``)."""
+    if outliers is not None and len(outliers):
+        return _split(g, name, x, parts, np.asarray(outliers, np.int64))
     runs = [_stack(r) for r in _runs(parts)]
     outs = [_matmul(g, name if len(runs) == 1 else f"{name}.{j}", x, r) for j, r in enumerate(runs)]
     if len(outs) == 1:
         return outs[0]
     g.node("Concat", outs, [f"{name}/cat"], axis=-1)
     return f"{name}/cat"
+
+
+def _split(g: GraphWriter, name: str, x: str, parts: list[Grid], idx: np.ndarray) -> str:
+    """``(x * mask) @ w.T + x[..., idx] @ w[:, idx].T``: MatMulNBits quantises its input per
+    block of 32 channels to int8, so one huge channel (Qwen2.5's attention-sink rows carry a few
+    in gate|up's input) leaves its block's other 31 a few levels; those channels are zeroed in
+    the grid matmul's input and go through an fp32 side matmul on the exact (dequantised) GGUF
+    columns. The 4-bit codes stay as they are; the side weights are ``len(idx) x N`` floats."""
+    k = parts[0].codes.shape[1]
+    mask = np.ones((k,), np.float32)
+    mask[idx] = 0.0
+    g.node("Mul", [x, g.const(f"{name}.inlier_mask", mask)], [f"{name}/inliers"])
+    main = grid_linear(g, name, f"{name}/inliers", parts)
+    columns = np.concatenate([p.dequantize()[:, idx] for p in parts])  # (N, len(idx))
+    g.node("Gather", [x, g.const(f"{name}.outlier_ids", idx)], [f"{name}/outliers"], axis=2)
+    side = g.const(f"{name}.outlier_columns", np.ascontiguousarray(columns.T, np.float32))
+    g.node("MatMul", [f"{name}/outliers", side], [f"{name}/side"])
+    g.node("Add", [main, f"{name}/side"], [f"{name}/with_outliers"])
+    return f"{name}/with_outliers"
+
+
+def outlier_names(channels: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``quant.outliers`` channels of the eager ``model.layers.<i>.mlp.gate_proj`` -> the fused
+    graph's ``layers.<i>.gate_up`` (gate and up read the same input: one set of channels)."""
+    out = {}
+    for path, idx in channels.items():
+        parts = path.split(".")
+        if parts[-1] == "gate_proj" and parts[:2] == ["model", "layers"]:
+            out[f"layers.{parts[2]}.gate_up"] = np.asarray(idx, np.int64)
+    return out
 
 
 def grid_embedding(g: GraphWriter, ids: str, grid: Grid, out: str) -> str:

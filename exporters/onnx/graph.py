@@ -64,12 +64,15 @@ def export_onnx(
     fused: bool = False,
     invariant: bool = False,
     gguf: Path | None = None,
+    outliers: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``path`` (.onnx); ``seq_len`` None -> dynamic T, int -> static T (NPU).
 
     ``fused``: the contrib-op graph of ``exporters.onnx.fused`` (dynamic T, fp32/int8/int4 only);
     ``invariant``: with its batch-invariant attention (``exporters.onnx.invariant``); ``gguf``:
-    the model's GGUF, whose grids a ``gguf_grid`` recipe keeps (``exporters.onnx.gguf_grid``).
+    the model's GGUF, whose grids a ``gguf_grid`` recipe keeps (``exporters.onnx.gguf_grid``);
+    ``outliers``: the eager model's outlier input channels (``quant.outliers``) that such a
+    graph takes out of its gate|up matmuls' int8 activations.
 
     ``swappable``: skip the exporter's graph optimiser so every parameter stays an initializer named
     after it (``bundle.weight_swap.bind_weights``), and trained weights can be swapped in without
@@ -80,7 +83,7 @@ def export_onnx(
     model = model.eval().requires_grad_(False)
     if fused:
         return _export_fused(model, path, info=info, recipe=recipe, bundle_hash=bundle_hash,
-                             invariant=invariant, gguf=gguf)  # fmt: skip
+                             invariant=invariant, gguf=gguf, outliers=outliers)  # fmt: skip
     a = model.args
     ids, pos = example_inputs(model, seq_len or 2)
     caches = empty_caches(model)
@@ -146,6 +149,7 @@ def can_be_invariant(args: ModelArgs, recipe: QuantRecipe | None) -> bool:
 def _export_fused(
     model: Transformer, path: Path, *, info: GraphInfo, recipe: QuantRecipe | None,
     bundle_hash: str, invariant: bool, gguf: Path | None = None,
+    outliers: dict[str, Any] | None = None,
 ) -> Path:  # fmt: skip
     from omnidraft_deploy.exporters.onnx.fused import build_graph, save_model, weight_bytes
     from omnidraft_deploy.exporters.onnx.invariant import SPAN_BLOCK
@@ -162,11 +166,12 @@ def _export_fused(
             f"max_seq_len {model.args.max_seq_len} is not a multiple of {SPAN_BLOCK}"
         )
     t0 = time.perf_counter()
-    plan, grids = None, None  # before sizing: which matmuls hold 4 bits and which 8
+    plan, grids, split = None, None, None  # before sizing: which matmuls hold 4 bits and which 8
     if recipe is not None and recipe.gguf_grid:
         from omnidraft_deploy.exporters.onnx.gguf_grid import (
             gguf_grids,
             grid_bytes,
+            outlier_names,
             share_at_4_bits,
         )
 
@@ -174,6 +179,7 @@ def _export_fused(
             raise ValueError(f"{path.name}: recipe {name!r} needs the model's GGUF file")
         grids = gguf_grids(model, gguf)
         log.info("%s: GGUF grids of %s: %s", path.name, gguf.name, share_at_4_bits(grids))
+        split = outlier_names(outliers or {})
     elif recipe is not None and recipe.smooth:
         model = smoothed_on_text(model, info.tokenizer, info.file)
     elif recipe is not None and recipe.int4_plan:
@@ -189,7 +195,8 @@ def _export_fused(
             data = stack.enter_context(open(Path(tmp) / data_name, "wb")) if big else None
             with torch.no_grad():
                 proto = build_graph(model, recipe, data=data, location=data_name,
-                                    invariant=invariant, plan=plan, grids=grids)  # fmt: skip
+                                    invariant=invariant, plan=plan, grids=grids,
+                                    outliers=split)  # fmt: skip
         set_metadata(proto, info, bundle_hash)
         t1 = time.perf_counter()
         save_model(proto, out)

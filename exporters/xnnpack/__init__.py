@@ -77,20 +77,8 @@ def export_xnnpack(
 
 
 def _outliers(model: Transformer, info: GraphInfo) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The gate / up inputs' outlier channels on held-out calibration text (``outliers``), and
-    the figures for the export report (channels per linear, seconds)."""
-    from omnidraft_deploy.exporters.quant.calibration import calibration_ids
-    from omnidraft_deploy.exporters.xnnpack.outliers import (
-        CALIBRATION_PROMPTS,
-        DEFAULT_K,
-        DEFAULT_KINDS,
-        outlier_channels,
-    )
+    """The gate / up inputs' outlier channels on held-out calibration text, and the figures for
+    the export report (``quant.outliers.calibrated_outliers``)."""
+    from omnidraft_deploy.exporters.quant.outliers import calibrated_outliers
 
-    t0 = time.perf_counter()
-    prompts = calibration_ids(info.tokenizer, info.vocab_size)[:CALIBRATION_PROMPTS]
-    channels = outlier_channels(model, prompts, DEFAULT_K, DEFAULT_KINDS)
-    figures = {"k": DEFAULT_K, "kinds": list(DEFAULT_KINDS), "prompts": len(prompts),
-               "seconds": round(time.perf_counter() - t0, 2),
-               "channels": {name: idx.tolist() for name, idx in channels.items()}}  # fmt: skip
-    return channels, figures
+    return calibrated_outliers(model, info.tokenizer, info.vocab_size)

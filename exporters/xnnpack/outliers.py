@@ -12,19 +12,14 @@ those rows). ``OutlierSplitLinear`` takes a fixed handful of input channels out 
 matmul by 0 and 1: exact, and delegated to XNNPACK, where a gather would run in the portable
 kernels), ``W[:, idx]`` the exact (dequantised GGUF) columns in fp32. The quantised weights stay
 as they are (a GGUF's own 4-bit codes). The channels are a property of the model: the largest
-max |x| per input channel over held-out calibration text (``outlier_channels``).
+max |x| per input channel over held-out calibration text
+(``exporters.quant.outliers``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor, nn
-
-DEFAULT_K = 4  # outlier channels per input (measured: reports/xnnpack_gguf4)
-DEFAULT_KINDS = ("gate_proj", "up_proj")  # the linears whose inputs carry the sink rows' error
-CALIBRATION_PROMPTS = 8  # held-out prompts (``quant.calibration``), 64 tokens each
 
 
 class OutlierSplitLinear(nn.Module):
@@ -63,29 +58,6 @@ class OutlierSplitLinear(nn.Module):
         columns: Tensor = self.columns  # type: ignore[assignment]
         side = nn.functional.linear(nn.functional.linear(x, select), columns)
         return self.inner(x * mask) + side
-
-
-def outlier_channels(
-    model: nn.Module, prompts: Sequence[Sequence[int]], k: int = DEFAULT_K,
-    kinds: Sequence[str] = DEFAULT_KINDS,
-) -> dict[str, Tensor]:  # fmt: skip
-    """Module path -> the ``k`` input channels of largest max |x| over one eager forward of
-    ``model`` per prompt, for every ``nn.Linear`` whose last path part is in ``kinds`` (sorted
-    channel ids; linears sharing an input get the same ones)."""
-    from omnidraft_deploy.exporters.quant.calibration import input_stats
-
-    modules = {name: m for name, m in model.named_modules()
-               if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in kinds}  # fmt: skip
-    if not modules or k <= 0:
-        return {}
-
-    def fold(acc: Tensor | None, x: Tensor) -> Tensor:
-        peak = x.abs().amax(0).float()
-        return peak if acc is None else torch.maximum(acc, peak)
-
-    stats = input_stats(model, [list(p) for p in prompts], modules, fold)
-    return {name: peak.topk(min(k, len(peak))).indices.sort().values
-            for name, (peak, _) in stats.items()}  # fmt: skip
 
 
 def split_outliers(shell: nn.Module, model: nn.Module, channels: dict[str, Tensor]) -> int:

@@ -4,6 +4,8 @@ MatMulNBits graph of ``exporters.onnx.gguf_grid`` computes ``x @ w.T`` on that g
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from omnidraft_deploy.exporters.quant.gguf_grid import READERS, Grid, rounded8
@@ -72,12 +74,8 @@ def test_a_bad_grid_is_refused() -> None:
         Grid(4, 32, np.zeros((2, 48), np.uint8), np.zeros((2, 1)), np.zeros((2, 1), np.uint8))
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
-def test_matmul_nbits_graph_computes_the_grid(kind: str) -> None:
-    """The graph of ``onnx.gguf_grid`` (folded scales, 4-bit minimums as block sums) against
-    ``x @ w.T`` in float64 on the dequantised grid; int8 activations per block (accuracy level
-    4) bound the difference, and a 1-row call gives the 3-row call's row bit for bit (the 4-bit
-    matmuls' padding row, ``ROW_PAD``: unpadded, ONNX Runtime 1.32's 1-row sums differ)."""
+def _linear_session(grid: Grid, outliers: np.ndarray | None = None) -> Any:
+    """An ONNX Runtime session of ``grid_linear`` alone: ``x (1, T, K)`` -> ``(1, T, N)``."""
     pytest.importorskip("onnxruntime")
     import onnx
     import onnxruntime as ort
@@ -85,24 +83,69 @@ def test_matmul_nbits_graph_computes_the_grid(kind: str) -> None:
     from omnidraft_deploy.exporters.onnx.gguf_grid import grid_linear
     from onnx import TensorProto, helper
 
-    grid = READERS[kind](synthetic_blocks(kind, rows=24, supers=2, seed=5))
     n, k = grid.codes.shape
     g = GraphWriter(4, 32, grids={"w": [grid]})
-    out = grid_linear(g, "w", "x", [grid])
+    out = grid_linear(g, "w", "x", [grid], outliers)
     graph = g.model.graph
     graph.node.extend(g.nodes)
     graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", k]))
     graph.output.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, "T", n]))
     g.model.ir_version = onnx.IR_VERSION
     g.model.opset_import.extend([helper.make_opsetid("", 21), helper.make_opsetid(MS, 1)])
-    sess = ort.InferenceSession(g.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(6).standard_normal((1, 3, k)).astype(np.float32)
-    got = sess.run(None, {"x": x})[0]
-    ref = x.astype(np.float64) @ grid.dequantize().astype(np.float64).T
-    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()  # int8 activations: ~0.5 %
+    return ort.InferenceSession(g.model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _rows_are_invariant(sess: Any, x: np.ndarray, got: np.ndarray) -> None:
     for t in (1, 2):  # a decode call's rows are a verification call's rows, bit for bit
         part = sess.run(None, {"x": x[:, :t]})[0]
         np.testing.assert_array_equal(part[0], got[0, :t])
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_matmul_nbits_graph_computes_the_grid(kind: str) -> None:
+    """The graph of ``onnx.gguf_grid`` (folded scales, 4-bit minimums as block sums) against
+    ``x @ w.T`` in float64 on the dequantised grid; int8 activations per block (accuracy level
+    4) bound the difference, and a 1-row call gives the 3-row call's row bit for bit (the 4-bit
+    matmuls' padding row, ``ROW_PAD``: unpadded, ONNX Runtime 1.32's 1-row sums differ)."""
+    grid = READERS[kind](synthetic_blocks(kind, rows=24, supers=2, seed=5))
+    sess = _linear_session(grid)
+    x = np.random.default_rng(6).standard_normal((1, 3, grid.codes.shape[1])).astype(np.float32)
+    got = sess.run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ grid.dequantize().astype(np.float64).T
+    assert np.abs(got - ref).max() <= 0.02 * np.abs(ref).max()  # int8 activations: ~0.5 %
+    _rows_are_invariant(sess, x, got)
+
+
+def test_outlier_channels_leave_the_int8_blocks() -> None:
+    """Three channels 300x the others (an attention-sink row) make MatMulNBits' int8 block of
+    32 round their neighbours to a few levels; split out (``gguf_grid._split``: zeroed in the
+    grid matmul, exact fp32 columns beside it) the error falls to the plain row's, the rows stay
+    batch-invariant, and the graph's extra weights are those columns alone."""
+    grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=24, supers=2, seed=8))
+    k = grid.codes.shape[1]
+    idx = np.array([5, 40, 300])
+    x = np.random.default_rng(9).standard_normal((1, 3, k)).astype(np.float32)
+    x[..., idx] *= 300.0
+    w = grid.dequantize().astype(np.float64)
+    ref = x.astype(np.float64) @ w.T
+    inliers = x.astype(np.float64).copy()
+    inliers[..., idx] = 0.0
+    scale = np.abs(inliers @ w.T).max()  # the size of what the int8 blocks carry
+
+    def error(sess: Any) -> float:
+        return float(np.abs(sess.run(None, {"x": x})[0] - ref).max() / scale)
+
+    whole, split = _linear_session(grid), _linear_session(grid, idx)
+    assert error(split) <= 0.02 < error(whole)
+    _rows_are_invariant(split, x, split.run(None, {"x": x})[0])
+
+
+def test_outlier_names_map_the_eager_gate_to_the_fused_gate_up() -> None:
+    from omnidraft_deploy.exporters.onnx.gguf_grid import outlier_names
+
+    got = outlier_names({"model.layers.3.mlp.gate_proj": [7, 1], "model.layers.3.mlp.up_proj": [7, 1],
+                         "model.layers.0.self_attn.q_proj": [2]})  # fmt: skip
+    assert list(got) == ["layers.3.gate_up"] and got["layers.3.gate_up"].tolist() == [7, 1]
 
 
 def test_embedding_graph_gathers_the_grid_rows_exactly() -> None:

@@ -137,7 +137,7 @@ def test_a_massive_channel_breaks_plain_int8_rows_not_the_split() -> None:
 
 
 def test_outlier_channels_are_the_largest_inputs_on_calibration_text() -> None:
-    from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+    from omnidraft_deploy.exporters.quant.outliers import outlier_channels
 
     model = build_model(SPEC, seed=6, max_seq_len=32).eval()
     with torch.no_grad():  # a post-attention norm weight with two huge channels
@@ -213,7 +213,7 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.exportable import graph_info
     from omnidraft_deploy.exporters.verify import verify_artifact
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte
-    from omnidraft_deploy.exporters.xnnpack.outliers import outlier_channels
+    from omnidraft_deploy.exporters.quant.outliers import outlier_channels
 
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     recipe = get_recipe("xnnpack", "gguf4")

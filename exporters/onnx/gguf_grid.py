@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from omnidraft_deploy.exporters.quant.gguf_grid import Grid, llama_rows, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, llama_rows, tensor_grid
 
 from omnidraft_deploy.reference.model import Transformer
 
@@ -50,9 +50,6 @@ CHECK_ROWS = 64  # rows of each tensor compared with the eager model
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products
 _PARTS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
           "gate_up": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}  # fmt: skip
-_EAGER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}  # fmt: skip
 
 
 def gguf_grids(model: Transformer, gguf: Path) -> dict[str, list[Grid]]:
@@ -67,7 +64,7 @@ def gguf_grids(model: Transformer, gguf: Path) -> dict[str, list[Grid]]:
     for i in range(model.args.n_layers):
         for fused, parts in _PARTS.items():
             wanted[f"layers.{i}.{fused}"] = [
-                (f"blk.{i}.{p}.weight", f"model.layers.{i}.{_EAGER[p]}.weight") for p in parts
+                (f"blk.{i}.{p}.weight", f"model.layers.{i}.{LINEARS[p]}.weight") for p in parts
             ]
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     wanted["lm_head"] = [(head, "lm_head.weight")]

@@ -33,6 +33,11 @@ from typing import Any
 import numpy as np
 
 QK_K = 256  # super-block of the K-quants
+# a GGUF block's linear weights (``blk.<i>.<part>.weight``) -> the eager module in a layer
+LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+           "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+           "ffn_down": "mlp.down_proj"}  # fmt: skip
 
 
 @dataclass(frozen=True)

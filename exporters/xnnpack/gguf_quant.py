@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.quant.gguf_grid import Grid, llama_rows, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, llama_rows, tensor_grid
 from omnidraft_deploy.exporters.xnnpack.eager_quant import Int4GroupLinear, torchao_8da
 from torch import Tensor, nn
 
@@ -44,10 +44,6 @@ from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
 CHECK_ROWS = 64  # rows of each tensor compared with the eager model
-_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj"}  # fmt: skip
 
 
 def gguf_file(spec: ModelSpec) -> Path:
@@ -87,7 +83,7 @@ def gguf_quantized(
     bits: list[tuple[int, int]] = []
     heads = {"attn_q": model.args.n_heads, "attn_k": model.args.n_kv_heads}
     for i, layer in enumerate(model.model.layers):
-        for part, path in _LINEARS.items():
+        for part, path in LINEARS.items():
             linear = layer.get_submodule(path)
             assert isinstance(linear, nn.Linear)
             grid = _checked(_tensor(tensors, f"blk.{i}.{part}.weight", gguf), linear.weight, gguf,

@@ -4,6 +4,7 @@ MatMulNBits graph of ``exporters.onnx.gguf_grid`` computes ``x @ w.T`` on that g
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,35 @@ def test_outlier_names_map_the_eager_gate_to_the_fused_gate_up() -> None:
     got = outlier_names({"model.layers.3.mlp.gate_proj": [7, 1], "model.layers.3.mlp.up_proj": [7, 1],
                          "model.layers.0.self_attn.q_proj": [2]})  # fmt: skip
     assert list(got) == ["layers.3.gate_up"] and got["layers.3.gate_up"].tolist() == [7, 1]
+
+
+def test_a_tiny_model_exports_to_onnx_gguf4_with_its_outliers_split(tmp_path: Path) -> None:
+    """The fused batch-invariant graph of a tiny model's written GGUF, gate|up split on 3 input
+    channels a layer (``quant.outliers`` on the eager model): the graph holds each layer's side
+    columns and verifies against the eager model the GGUF dequantises to."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.onnx.graph import export_onnx
+    from omnidraft_deploy.exporters.quant.outliers import outlier_channels
+    from omnidraft_deploy.exporters.verify import verify_artifact
+    from tiny_gguf import PROMPTS, SPEC, write_tiny_gguf
+
+    from omnidraft_deploy.catalog.backends import get_recipe
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf", max_seq_len=64)
+    recipe = get_recipe("onnx", "gguf4")
+    outliers = outlier_channels(model, PROMPTS, k=3, kinds=("gate_proj",))
+    info = graph_info(model, SPEC, file="target.onnx", quantization="gguf4", seq_len=None)
+    path = export_onnx(model, tmp_path / "target.onnx", info=info, recipe=recipe, fused=True,
+                       invariant=True, gguf=tmp_path / "tiny.gguf", outliers=outliers)  # fmt: skip
+    graph = onnx.load(str(path)).graph
+    columns = {t.name: tuple(t.dims) for t in graph.initializer if "outlier_columns" in t.name}
+    assert columns == {f"layers.{i}.gate_up.outlier_columns": (3, 2 * SPEC.intermediate_size)
+                       for i in range(SPEC.n_layers)}  # fmt: skip
+    result = verify_artifact(path, info, model, recipe, PROMPTS)
+    assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
+    assert result["top1_agreement"] >= 0.9
 
 
 def test_embedding_graph_gathers_the_grid_rows_exactly() -> None:

@@ -57,6 +57,8 @@ def _agg(rows: list[dict[str, Any]], base: dict[Any, tuple[float, int]],
         ps = sum(r["predicted_spec_ms"] for r in rows)
         out["predicted_speedup"] = pb / ps if ps else 0.0
         out["steps"] = {k: int(sum(r.get(k, 0) for r in rows)) for k in ("model", "lookup", "none")}
+        if "prefill_ms" in rows[0]:  # the prompts' prefill, paid alike with and without drafts
+            out["prefill_share"] = sum(r["prefill_ms"] for r in rows) / ps if ps else 0.0
         if "cost_tokens" in rows[0]:
             out["cost_terms"] = {k: sum(r[f"cost_{k}"] for r in rows) for k in
                                  ("drafter", "verify_width", "host", "target_1", "tokens")}  # fmt: skip
@@ -134,6 +136,10 @@ def term_line(task: str, a: dict[str, Any], prof: CostProfile | None = None) -> 
             f"= {per_step:.2f} tokens/step / (1 target call + {parts['drafter']:.2f} drafter + "
             f"{parts['verify_width']:.2f} verification width + {parts['host']:.2f} host); "
             f"acceptance {a.get('acceptance', 0):.2f}")  # fmt: skip
+    if "prefill_share" in a:  # what no drafting speeds up dilutes the decode phase's ratio
+        decode = per_step / (1 + sum(parts.values()))
+        line += (f"; decode phase alone {decode:.2f}x, the prompts' prefill "
+                 f"{a['prefill_share']:.0%} of the predicted speculative time")  # fmt: skip
     if a["speedup"] >= goal:
         return line + f"; goal {goal:.2f}x met"
     worst = max(parts, key=lambda k: parts[k])

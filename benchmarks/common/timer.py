@@ -164,8 +164,9 @@ def decoder_run(dec: SpeculativeDecoder, *, profile: CostProfile | None = None,
             base, spec = predicted_times(profile, trace, len(ids))
             sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
             terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace, len(ids)).items()}
+            prefill = len(ids) * profile.prefill_ms_per_token  # both sides pay it
             traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources,
-                            **terms}  # fmt: skip
+                            **terms, "prefill_ms": prefill}  # fmt: skip
         return out, st.wall_s, traced
 
     return run

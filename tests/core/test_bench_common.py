@@ -3,6 +3,7 @@ asserted: these check the order of calls, the rows, the wiring and what a report
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -61,11 +62,12 @@ def test_the_factory_wires_cost_aware_hybrid_decoders() -> None:
     dec = make_decoder(target, drafter, mapper, cfg, policy="cost", draft_len=3, profile=PROFILE,
                        lookup=True)  # fmt: skip
     assert isinstance(dec.drafter, HybridProposer)
-    out, wall, st = timer.decoder_run(dec, profile=PROFILE)(prompt)
+    priced = dataclasses.replace(PROFILE, prefill_ms_per_token=2.0)
+    out, wall, st = timer.decoder_run(dec, profile=priced)(prompt)
     assert out == want and wall > 0  # greedy speculative output is target-only output
-    assert {"predicted_base_ms", "predicted_spec_ms", "model", "lookup", "none"} <= set(
-        getattr(st, "extra", {})
-    )
+    extra = getattr(st, "extra", {})
+    assert {"predicted_base_ms", "predicted_spec_ms", "model", "lookup", "none"} <= set(extra)
+    assert extra["prefill_ms"] == 3 * 2.0  # the prompt's 3 tokens, paid alike by target-only
     fixed = make_decoder(target, drafter, mapper, cfg, policy="fixed", draft_len=2)
     assert timer.decoder_run(fixed)(prompt)[0] == want == timer.target_run(target, cfg)(prompt)[0]
     with pytest.raises(ValueError, match="measured profile"):
@@ -74,6 +76,22 @@ def test_the_factory_wires_cost_aware_hybrid_decoders() -> None:
         make_decoder(target, drafter, mapper, cfg, policy="heuristic", profile=PROFILE)
     with pytest.raises(KeyError, match="unknown draft-length policy"):
         make_decoder(target, drafter, mapper, cfg, policy="fastest")
+
+
+def test_a_term_line_names_the_decode_phase_and_the_prefill_share() -> None:
+    """A best configuration's overall line: the decode phase's ratio from the cost terms (tokens
+    a step over the step's cost in 1-token calls) beside the prompts' share of the time."""
+    from benchmarks.real_pair_report import term_line
+
+    agg = {"speedup": 1.36, "predicted_speedup": 1.5, "acceptance": 0.6, "prefill_share": 0.15,
+           "steps": {"model": 10, "lookup": 0, "none": 0},
+           "cost_terms": {"target_1": 400.0, "drafter": 160.0, "verify_width": 128.0, "host": 16.0,
+                          "tokens": 28.0}}  # fmt: skip
+    line = term_line("overall", agg)
+    assert "2.80 tokens/step / (1 target call + 0.40 drafter + 0.32 verification width" in line
+    assert "decode phase alone 1.59x, the prompts' prefill 15% of the predicted" in line
+    assert "decode phase" not in term_line("overall", {k: v for k, v in agg.items()
+                                                       if k != "prefill_share"})  # fmt: skip
 
 
 def test_the_real_pair_prompt_set() -> None:

@@ -29,6 +29,8 @@ from omnidraft_deploy.speculative.draft_len import (
 # this machine's measured shape (issue 9): drafter 0.45 of a target step, verify widths 1.02..1.47
 REAL = CostProfile(target_ms=(100.0, 102.0, 112.0, 116.0, 134.0, 147.0), drafter_ms=(45.0, 50.0))
 FREE_VERIFY = CostProfile(target_ms=(100.0,) * 9, drafter_ms=(5.0,))
+# the 1.5B's shape on the Zen 5: drafter 0.15 of a step, a verification row ~0.1-0.15 of one
+CHEAPER = CostProfile(target_ms=(38.0, 43.0, 48.0, 51.0, 55.0), drafter_ms=(5.6,))
 
 
 def test_expected_tokens_and_width_extrapolation() -> None:
@@ -183,6 +185,23 @@ def test_a_token_is_valued_at_what_it_costs_now() -> None:
         pol.next_draft_len()
         pol.update(4, 0)
     assert pol.value == REAL.value_ms
+
+
+def test_undrafted_tokens_bring_the_value_back_to_target_only() -> None:
+    """After a stretch where drafting paid (tokens cheap) and then stopped paying, plain steps
+    raise the token's value back towards target-only, so a draft at a middling rate pays again
+    without waiting for an exploration probe."""
+    pol = CostAwareDraftLen(CHEAPER, max_len=4, prior=0.9, explore_every=1000)
+    for _ in range(200):  # all accepted: a token costs far less than target-only
+        pol.next_draft_len()
+        pol.update(4, 4)
+    pol.rate = 0.5  # then acceptance fell (as on chat)
+    assert pol.value < 0.5 * CHEAPER.value_ms and pol.next_draft_len() == 0
+    steps = 0
+    while pol.next_draft_len() == 0 and steps < 100:
+        pol.update(0, 0)  # the plain step's token
+        steps += 1
+    assert steps < 30 and pol.value > 0.5 * CHEAPER.value_ms  # back well before any probe
 
 
 def test_the_drafter_prefill_is_predicted_when_the_drafter_ran() -> None:

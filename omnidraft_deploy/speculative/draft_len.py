@@ -165,6 +165,12 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
         self._skipped += 1
         return 0
 
+    def new_context(self) -> None:
+        """A new generation (``CrossVocabDrafter.reset``): another text may suit the drafter
+        where the last did not, so the exploration interval starts short again (the acceptance
+        estimate moves only on drafted tokens: a backed-off policy could skip whole prompts)."""
+        self._skipped, self._interval = 0, self.explore_every
+
     def keep_drafting(self, i: int, features: np.ndarray) -> bool:
         super().keep_drafting(i, features)  # records features, multiplies the survival
         return extension_pays(self.profile, i + 1, self.max_len, survive=self._survive,

@@ -204,6 +204,28 @@ def test_undrafted_tokens_bring_the_value_back_to_target_only() -> None:
     assert steps < 30 and pol.value > 0.5 * CHEAPER.value_ms  # back well before any probe
 
 
+def test_a_new_prompt_restarts_the_exploration_interval() -> None:
+    """Backed off to a probe every 12 steps on one prompt, the policy probes after 3 again on the
+    next (``CrossVocabDrafter.reset`` calls ``new_context``)."""
+    pol = CostAwareDraftLen(REAL, max_len=8, prior=0.2, explore_every=3, explore_max=12)
+    for _ in range(60):
+        if pol.next_draft_len():
+            pol.update(1, 0)  # every probe rejected: the interval doubles to the cap
+    assert pol._interval == 12
+    pol.new_context()
+    assert [pol.next_draft_len() for _ in range(4)] == [0, 0, 0, 8]
+    from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+    from omnidraft_deploy.testing import toy_models
+
+    target, drafter, mapper = toy_models()
+    calls: list[int] = []
+    pol.new_context = lambda: calls.append(1)  # type: ignore[method-assign]
+    dec = SpeculativeDecoder(target, drafter, mapper, pol, config=DecodeConfig(max_new_tokens=3))
+    dec.generate([1, 2, 3])
+    dec.generate([4, 5])
+    assert calls == [1, 1]  # once per generation, at the drafter's reset
+
+
 def test_the_drafter_prefill_is_predicted_when_the_drafter_ran() -> None:
     prof = CostProfile(target_ms=(100.0, 110.0), drafter_ms=(20.0,), prefill_ms_per_token=10.0,
                        drafter_prefill_ms_per_token=2.0)  # fmt: skip

@@ -66,11 +66,12 @@ def export_onnx_graph(
     if invariant is None:
         invariant = fused and role == "target" and can_be_invariant(model.args, recipe)
     outliers: dict[str, Any] = {}
+    figures: dict[str, Any] = {}  # for the export report
     if recipe.gguf_grid:  # gate|up's inputs meet int8 blocks of 32 (onnx.gguf_grid._split)
         from omnidraft_deploy.exporters.quant.outliers import calibrated_outliers
 
-        outliers, split = calibrated_outliers(model, info.tokenizer, info.vocab_size,
-                                              kinds=("gate_proj",))  # fmt: skip
+        outliers, figures = calibrated_outliers(model, info.tokenizer, info.vocab_size,
+                                                kinds=("gate_proj",))  # fmt: skip
     path = export_onnx(
         model,
         out_dir / info.file,
@@ -86,8 +87,8 @@ def export_onnx_graph(
     extras: dict[str, Any] = {
         "weights_swappable": swappable, "fused": fused, "batch_invariant": invariant,
     }  # fmt: skip
-    if outliers:
-        extras["outliers"] = split
+    if figures:
+        extras["outliers"] = figures
     # the ORT format refuses some graphs (e.g. fp32 0.5B+ past 2 GiB: quantise for mobile)
     why = ort_format_blocker(path) if ort_mobile else "not asked for (--no-ort)"
     if why is not None:

@@ -16,7 +16,10 @@ Export (``fused.GraphWriter`` calls ``grid_linear`` / ``grid_embedding`` for the
   the session loads (and then prepacks: 1.5 ms a gate call, 42 ms unfolded): the file stays the
   GGUF's size, the kernel sees exact fp32 scales;
 - the embedding (Q4_K in Qwen2.5-Coder-1.5B's Q4_K_M) is gathered as packed codes and dequantised
-  per token in the graph (the fp32 table would be 0.9 GB of a 1.5B).
+  per token in the graph (the fp32 table would be 0.9 GB of a 1.5B);
+- gate|up's outlier input channels (``exporters.quant.outliers``, passed as ``outliers``) leave
+  its int8 activation blocks for an exact fp32 side matmul (``_split``): without it the 1.5B's
+  export is refused on an AVX-512 VNNI CPU (reports/quant_gguf).
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ def cached_onnx(
     tmp_root: Path, vocab: int, seed: int, n_kv_heads: int, seq_len: int | None
 ) -> tuple[Path, GraphInfo]:
     """One export per (vocab, seed, n_kv_heads, seq_len) for the whole session (exports dominate
-    the runtime tests' time)."""
+    the runtime tests' time). ``tmp_root`` must outlive the test: a session or module folder of
+    ``tmp_path_factory``, never a test's ``tmp_path`` (removed when the test passes)."""
     key = (vocab, seed, n_kv_heads, seq_len)
     if key not in _CACHE:
         path = tmp_root / f"v{vocab}_s{seed}_kv{n_kv_heads}_t{seq_len}.onnx"

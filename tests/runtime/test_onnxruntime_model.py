@@ -159,12 +159,15 @@ def test_fused_graph_logits_belong_to_the_caller(tmp_path: Path) -> None:
     ("spin", "allow", "stop"),
     [("on", "1", "0"), ("off", "0", "0"), ("in-call", "1", "1")],
 )
-def test_spin_modes_reach_the_session(tmp_path: Path, spin: str, allow: str, stop: str) -> None:
+def test_spin_modes_reach_the_session(
+    tmp_path_factory: pytest.TempPathFactory, spin: str, allow: str, stop: str
+) -> None:
     """The runtime's sessions spin only inside a call (``Spin.IN_CALL``, the measured best for
     a drafter and a target taking turns on the cores); each mode sets ORT's own config keys."""
     from omnidraft_deploy.host.onnx_host import Spin, cpu_session
 
-    path, info = cached_onnx(tmp_path, 256, 0, 2, None)
+    # the session-wide folder: a passed test's tmp_path is deleted, and the export is cached
+    path, info = cached_onnx(tmp_path_factory.getbasetemp(), 256, 0, 2, None)
     opts = cpu_session(path, threads=1, spinning=Spin(spin)).get_session_options()
     for pool in ("intra_op", "inter_op"):
         assert opts.get_session_config_entry(f"session.{pool}.allow_spinning") == allow

@@ -93,3 +93,6 @@ class DraftLengthPolicy(Protocol):
     def keep_drafting(self, i: int, features: np.ndarray) -> bool: ...
 
     def update(self, n_drafted: int, n_accepted: int) -> None: ...  # in drafter tokens
+
+    # a new generation starts (the drafter's ``reset``): drop state that belongs to one text
+    def new_context(self) -> None: ...

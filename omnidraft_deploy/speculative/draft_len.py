@@ -35,6 +35,9 @@ class FixedDraftLen:
     def update(self, n_drafted: int, n_accepted: int) -> None:
         return None
 
+    def new_context(self) -> None:
+        return None
+
 
 @dataclass
 class HeuristicDraftLen:
@@ -53,6 +56,9 @@ class HeuristicDraftLen:
     def update(self, n_drafted: int, n_accepted: int) -> None:
         step = 2 if n_accepted >= n_drafted else -1
         self.draft_len = max(self.lo, min(self.hi, self.draft_len + step))
+
+    def new_context(self) -> None:
+        return None  # the length carries over from one text to the next
 
 
 def confidence_features(logits: np.ndarray) -> np.ndarray:
@@ -104,6 +110,9 @@ class AcceptancePredictorDraftLen:
         for j, feats in enumerate(labelled):
             label = 1.0 if j < n_accepted else 0.0
             self.weights += self.lr * (label - self.predict(feats)) * feats
+
+    def new_context(self) -> None:
+        return None  # the head's weights are learned across texts
 
 
 class CostAwareDraftLen(AcceptancePredictorDraftLen):

@@ -93,9 +93,7 @@ class CrossVocabDrafter:
         self.calls = 0
 
     def reset(self, prompt_target_ids: list[int]) -> None:
-        new_context = getattr(self.policy, "new_context", None)  # (``CostAwareDraftLen``)
-        if new_context is not None:
-            new_context()
+        self.policy.new_context()
         ids = self.mapper.drafter_context(prompt_target_ids)
         self.draft_ids, self.kv_len, self._fed_len = ids, 0, 0
         self.placeholder_bytes = 0

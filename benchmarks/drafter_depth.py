@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from benchmarks.common.report import meta_lines, run_meta, write_report
+from benchmarks.common.timer import interleaved
 
 OUT = Path("reports/drafter_depth")
 PREFILL = 120
@@ -68,13 +70,15 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     prompt = rng.integers(100, 40000, size=(1, PREFILL))
     for g in graphs.values():
         g.run(prompt, gc.contiguous_positions(0, PREFILL), rows=1)
-    times: dict[int, list[float]] = {n: [] for n in graphs}
-    for _ in range(a.reps):
+
+    def call(g: Any) -> float:
         token = rng.integers(100, 40000, size=(1, 1))
-        for n, g in graphs.items():  # interleaved: every depth sees the same machine state
-            t0 = time.perf_counter()
-            g.run(token, gc.contiguous_positions(PREFILL, 1), rows=1)
-            times[n].append(1e3 * (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        g.run(token, gc.contiguous_positions(PREFILL, 1), rows=1)
+        return 1e3 * (time.perf_counter() - t0)
+
+    # interleaved: every depth sees the same machine state
+    times = interleaved({n: partial(call, g) for n, g in graphs.items()}, a.reps)
     rows = [{"layers": n, "ms_t1": round(float(np.median(v)), 2)} for n, v in times.items()]
     meta = run_meta(threads=a.threads, load_avg_start=load0)
     return {"meta": meta, "weights": a.weights or a.preset, "prefill": PREFILL, "rows": rows}

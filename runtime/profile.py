@@ -35,6 +35,7 @@ from typing import Any
 from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
 from omnidraft_deploy.bundle.targets import parts
+from omnidraft_deploy.host.onnx_host import cpuinfo
 from omnidraft_deploy.host.profile import (
     Progress,
     default_far_context,
@@ -62,13 +63,7 @@ PROFILE_CONTEXT = 128
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def fingerprint(bundle: OpenBundle) -> str:

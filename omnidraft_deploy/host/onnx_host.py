@@ -24,14 +24,21 @@ EXACT_U8S8 = "session.x64quantprecision"  # ORT: u8 x s8 GEMMs without int16 sat
 VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})  # /proc/cpuinfo names
 
 
-def cpu_flags() -> frozenset[str] | None:
-    """The CPU's feature flags as ``/proc/cpuinfo`` names them, None where it cannot be read."""
+def cpuinfo(key: str) -> str | None:
+    """The value of ``/proc/cpuinfo``'s first ``key`` line ("" when there is none), None where
+    the file cannot be read (not Linux)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    return next((frozenset(ln.split(":", 1)[1].split()) for ln in text.splitlines()
-                 if ln.startswith("flags")), frozenset())  # fmt: skip
+    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                 if ln.startswith(key)), "")  # fmt: skip
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as ``/proc/cpuinfo`` names them, None where it cannot be read."""
+    flags = cpuinfo("flags")
+    return None if flags is None else frozenset(flags.split())
 
 
 @functools.cache

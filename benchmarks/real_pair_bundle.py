@@ -55,7 +55,11 @@ from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.drafter import Mode
-from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
+from omnidraft_deploy.vocab.bundle_tokenizer import (
+    chat_prefix_ids,
+    load_bundle_tokenizer,
+    render_chat,
+)
 
 log = logging.getLogger("real_pair_bundle")
 TASKS = ("math", "code", "chat", "summarisation", "code_edit")
@@ -105,8 +109,9 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBun
     base = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
                         vocab_limit=bundle.mapper.target_vocab_size, host_threads=1)  # fmt: skip
     m: dict[str, RunFn] = {}
+    warm = chat_prefix_ids(tok) if a.prompt_cache == "system" else []  # every row alike
     if "greedy" in a.modes:
-        m["ours_target"] = target_run(bundle.target, base)
+        m["ours_target"] = target_run(bundle.target, base, warm=warm)
         rows = [
             ("ours_smollm2", "smollm2", True, False),  # (row, profile, model, lookup)
             ("ours_hybrid_smollm2", "smollm2", True, True),
@@ -122,21 +127,22 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBun
         for name, prof, model, look in rows:
             dec = _decoder(bundle, profs[prof], base, model=model, lookup=look,
                            drafter=others.get(prof))  # fmt: skip
-            m[name] = decoder_run(dec, profile=profs[prof])
+            m[name] = decoder_run(dec, profile=profs[prof], warm=warm)
         if "family" in others:  # the family drafter without the policy's say
             fixed = _decoder(bundle, profs["family"], base, model=True, lookup=False,
                              drafter=others["family"], fixed=True)  # fmt: skip
-            m["ours_family_fixed"] = decoder_run(fixed, profile=profs["family"])
+            m["ours_family_fixed"] = decoder_run(fixed, profile=profs["family"], warm=warm)
         if a.genai:
             m["genai_target"] = peers.genai_method(a.threads, a.max_new_tokens, Path(a.genai))
         if a.gguf:
-            m["llamacpp_target"] = peers.llamacpp_method(Path(a.gguf), a.threads, a.max_new_tokens)
+            m["llamacpp_target"] = peers.llamacpp_method(Path(a.gguf), a.threads,
+                                                         a.max_new_tokens, keep=len(warm))  # fmt: skip
     if "exact" in a.modes:
         cfg = dataclasses.replace(base, mode=Mode.EXACT, temperature=0.7)
-        m["ours_target_t07"] = target_run(bundle.target, cfg, seed=a.seed)
+        m["ours_target_t07"] = target_run(bundle.target, cfg, seed=a.seed, warm=warm)
         for name, look in (("smollm2", False), ("hybrid_smollm2", True)):
             dec = _decoder(bundle, profs["smollm2"], cfg, model=True, lookup=look)
-            m[f"ours_{name}_t07"] = decoder_run(dec, seed=a.seed)
+            m[f"ours_{name}_t07"] = decoder_run(dec, seed=a.seed, warm=warm)
     return m
 
 
@@ -180,7 +186,8 @@ def cmd_run(a: argparse.Namespace) -> None:
             "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
             "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle, "kd_bundle": a.kd_bundle,
             "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "modes": a.modes,
-            "load_s": load_s, "load_avg_run_start": load0}  # fmt: skip
+            "load_s": load_s, "load_avg_run_start": load0,
+            "prompt_cache": a.prompt_cache}  # fmt: skip
     out = {"meta": meta, "profiles": {n: json.loads(p.to_json()) for n, p in profs.items()},
            "rows": res.rows}  # fmt: skip
     chunk = Path(a.chunk_dir) / a.name / f"{a.chunk}.json"
@@ -287,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
         help="ONNX Runtime pools spin: in-call (the runtime's sessions), off, on, ORT's default",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-cache", choices=["none", "system"], default="none",
+                   help="none: every prompt prefilled whole; system: every row (llama.cpp's too; "
+                   "not GenAI's) finds the chat template's system turn in its caches, as in a "
+                   "served session (speculative.kv_reuse)")  # fmt: skip
     p.add_argument("--chunk", default="0")
     p.add_argument("--chunk-dir", default=".bench/real_pair_bundle")
     p.add_argument("--name", default="real_pair_1p5b")

@@ -198,7 +198,8 @@ def _chunk_line(m: dict[str, Any]) -> str:
     return (f"- chunk `{m['tasks']}`: `{m['command']}`; load average start "
             f"{_fmt(m['load_avg_start'][0])}, end {_fmt(m['load_avg_end'][0])}; ended "
             f"{m['utc_end']} UTC; {m['threads']} ORT threads, {m['max_new_tokens']} new "
-            f"tokens, repeats {m['repeats']}; revision {m.get('revision', '-')}, "
+            f"tokens, repeats {m['repeats']}; prompt cache {m.get('prompt_cache', 'none')}; "
+            f"revision {m.get('revision', '-')}, "
             f"{machine.get('cpu', '-')} ({machine.get('cpus', '-')} CPUs)")  # fmt: skip
 
 

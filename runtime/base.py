@@ -2,8 +2,10 @@
 
 Each subclass only implements ``_run(token_ids (1,T) int64, input_pos (T,) int64) -> logits
 (T, V) float32``, and may override ``_run_tail`` where its graph can score the last rows alone
-(``forward_tail``: a prefill, the drafter, a prefill that verifies the first proposals). The base class checks bounds and keeps the call
-count. KV caches are static and addressed by position, so rollback is calling again at an earlier
+(``forward_tail``: a prefill, the drafter, a prefill that verifies the first proposals). The base
+class checks bounds, keeps the call count and records which tokens the cache holds
+(``cached``, ``speculative.kv_reuse``: a prompt that begins with them is not prefilled again). KV
+caches are static and addressed by position, so rollback is calling again at an earlier
 ``start_pos``: nothing to undo.
 """
 
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.bundle.sections import GraphInfo
+from omnidraft_deploy.speculative.kv_reuse import CachedTokens
 
 
 class RuntimeModel(ABC):
@@ -25,6 +28,7 @@ class RuntimeModel(ABC):
     def __init__(self, path: Path, info: GraphInfo) -> None:
         self.path, self.info = Path(path), info
         self.n_calls = 0
+        self.cached = CachedTokens()  # the ids at the cache's positions, for prefix reuse
 
     @property
     def vocab_size(self) -> int:
@@ -44,15 +48,22 @@ class RuntimeModel(ABC):
             )
         self.n_calls += 1
         ids = token_ids.to(torch.long).numpy().reshape(1, t)
+        self.cached.keep(start_pos)  # a call that fails leaves its positions unknown
         return ids, np.arange(start_pos, start_pos + t, dtype=np.int64)
 
     def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
-        return _tensor(self._run(*self._feed(token_ids, start_pos)))
+        ids, pos = self._feed(token_ids, start_pos)
+        logits = self._run(ids, pos)
+        self.cached.fed(ids[0].tolist(), start_pos)
+        return _tensor(logits)
 
     def forward_tail(self, token_ids: Tensor, start_pos: int, rows: int) -> Tensor:
         """``forward(...)[-rows:]`` ``(rows, V)``, the last positions' logits, alone where the
         graph can (``_run_tail``); the cache is updated for every token as by ``forward``."""
-        return _tensor(self._run_tail(*self._feed(token_ids, start_pos), rows))
+        ids, pos = self._feed(token_ids, start_pos)
+        logits = self._run_tail(ids, pos, rows)
+        self.cached.fed(ids[0].tolist(), start_pos)
+        return _tensor(logits)
 
     @abstractmethod
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray: ...

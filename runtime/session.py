@@ -169,6 +169,7 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
     from omnidraft_deploy.cli.streaming import TextStreamer, print_stats
     from omnidraft_deploy.speculative.decoder import DecodeConfig
     from omnidraft_deploy.speculative.drafter import Mode
+    from omnidraft_deploy.speculative.kv_reuse import keep
     from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
 
     tok, bundle = session.tokenizer, session.bundle
@@ -191,7 +192,8 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
                                generator=torch.Generator().manual_seed(request.seed),
                                ngram_cache=cache)  # fmt: skip
     stream.finish()
-    if request.stats:
+    if request.stats:  # the baseline starts from what the speculative run found cached
+        keep(bundle.target, stats.prompt_reused)
         base, base_stats = target_only(bundle, ids, cfg,
                                        generator=torch.Generator().manual_seed(request.seed))  # fmt: skip
         print_stats(stats, base_stats, identical=result == base if greedy else None, err=err)
@@ -200,8 +202,10 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
 def warm(session: Session) -> None:
     """Ready a served session before its first request: the weights settled on huge pages, the
     cost profile measured (or loaded) from the state folder, one short generation through both
-    graphs on an empty n-gram cache, the chat template compiled, and the first request's n-gram
-    cache parsed (``prepare``)."""
+    graphs on an empty n-gram cache (of the chat-rendered warm prompt where the target has a
+    template: the template is compiled, and both caches then hold its system turn, which every
+    ``--chat`` request reuses, ``speculative.kv_reuse``), and the first request's n-gram cache
+    parsed (``prepare``)."""
     from omnidraft_deploy.runtime.run import decoding_profile, run_bundle
 
     from omnidraft_deploy.host.pages_later import settle
@@ -210,13 +214,12 @@ def warm(session: Session) -> None:
     bundle = session.bundle
     settle()
     decoding_profile(bundle, session.state)
-    ids = session.tokenizer.encode(WARM_PROMPT)[: max(1, bundle.target.max_seq_len - 4)]
+    template = getattr(session.tokenizer, "chat_template", None)
+    text = render_chat(template, WARM_PROMPT) if template else WARM_PROMPT
+    ids = session.tokenizer.encode(text)[: max(1, bundle.target.max_seq_len - 4)]
     kept, bundle.ngram_cache = bundle.ngram_cache, NGramCache()
     try:
         run_bundle(bundle, ids, max_new_tokens=2, state=None)
     finally:
         bundle.ngram_cache = kept
-    template = getattr(session.tokenizer, "chat_template", None)
-    if template:
-        render_chat(template, WARM_PROMPT)
     prepare(session)

@@ -200,13 +200,18 @@ def llama(gguf: Path, threads: int) -> Any:
                  n_batch=512, verbose=False)  # fmt: skip
 
 
-def llamacpp_method(gguf: Path, threads: int, max_new: int) -> Any:
+def llamacpp_method(gguf: Path, threads: int, max_new: int, *, keep: int = 0) -> Any:
     """llama.cpp's plain greedy decode of the GGUF (its own sampler at temperature 0); needs
-    ``llama-cpp-python``, built from its sdist (``pip install llama-cpp-python==0.3.36``)."""
+    ``llama-cpp-python``, built from its sdist (``pip install llama-cpp-python==0.3.36``).
+    ``keep``: tokens of its context each call may reuse (``generate`` reuses the longest prefix
+    its context shares with the prompt, as our ``kv_reuse`` does); 0: every prompt prefilled."""
     llm = llama(gguf, threads)
 
     def run(ids: list[int]) -> tuple[list[int], float, None]:
-        llm.reset()
+        if keep:
+            llm.n_tokens = min(llm.n_tokens, keep)
+        else:
+            llm.reset()
         t0 = time.perf_counter()
         out: list[int] = []
         for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):

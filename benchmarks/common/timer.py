@@ -16,7 +16,7 @@ import dataclasses
 import os
 import statistics
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
@@ -33,6 +33,7 @@ from omnidraft_deploy.speculative.decoder import (
     torch_threads,
 )
 from omnidraft_deploy.speculative.hybrid import HybridProposer
+from omnidraft_deploy.speculative.kv_reuse import keep
 from omnidraft_deploy.speculative.stats import DecodeStats
 
 Run = tuple[list[int], float, DecodeStats | None]  # new target ids, wall seconds, stats
@@ -138,10 +139,14 @@ def _generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 
-def target_run(target: CausalLM, cfg: DecodeConfig, *, seed: int | None = None) -> RunFn:
-    """Our target alone (``generate_target_only``); ``seed``: a fresh generator per call."""
+def target_run(target: CausalLM, cfg: DecodeConfig, *, seed: int | None = None,
+               warm: Sequence[int] = ()) -> RunFn:  # fmt: skip
+    """Our target alone (``generate_target_only``); ``seed``: a fresh generator per call;
+    ``warm``: the prompt start every call may find in the cache (``kv_reuse``; a served session's
+    system turn), else each prompt is prefilled whole, as if new to the session."""
 
     def run(ids: list[int]) -> Run:
+        keep(target, len(warm))
         out, st = generate_target_only(target, ids, cfg, _generator(seed))
         return out, st.wall_s, st
 
@@ -149,22 +154,24 @@ def target_run(target: CausalLM, cfg: DecodeConfig, *, seed: int | None = None) 
 
 
 def decoder_run(dec: SpeculativeDecoder, *, profile: CostProfile | None = None,
-                seed: int | None = None) -> RunFn:  # fmt: skip
-    """A decoder's ``generate``; ``seed``: a fresh generator per call (sampled rows). With
-    ``profile`` and a hybrid proposer, each run also carries the cost model's prediction for its
-    own step trace (``predicted_base_ms`` / ``predicted_spec_ms``, step sources, cost terms)."""
+                seed: int | None = None, warm: Sequence[int] = ()) -> RunFn:  # fmt: skip
+    """A decoder's ``generate``; ``seed``: a fresh generator per call (sampled rows); ``warm``:
+    as ``target_run``'s, for both graphs. With ``profile`` and a hybrid proposer, each run also
+    carries the cost model's prediction for its own step trace (``predicted_base_ms`` /
+    ``predicted_spec_ms``, step sources, cost terms)."""
 
     def run(ids: list[int]) -> Run:
+        dec.keep_cached(list(warm))
         out, st = dec.generate(ids, generator=_generator(seed))
         if profile is None:
             return out, st.wall_s, st
         traced = TracedStats(**dataclasses.asdict(st))
         if isinstance(dec.drafter, HybridProposer):
             trace = dec.drafter.trace
-            base, spec = predicted_times(profile, trace, len(ids))
+            base, spec = predicted_times(profile, trace, len(ids), st.prompt_reused)
             sources = {s: sum(r.source == s for r in trace) for s in ("model", "lookup", "none")}
             terms = {f"cost_{k}": v for k, v in cost_terms(profile, trace, len(ids)).items()}
-            prefill = len(ids) * profile.prefill_ms_per_token  # both sides pay it
+            prefill = (len(ids) - st.prompt_reused) * profile.prefill_ms_per_token  # both pay it
             traced.extra = {"predicted_base_ms": base, "predicted_spec_ms": spec, **sources,
                             **terms, "prefill_ms": prefill}  # fmt: skip
         return out, st.wall_s, traced

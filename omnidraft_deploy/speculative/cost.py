@@ -218,22 +218,23 @@ class StepRecord:
 
 
 def predicted_times(
-    profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int
+    profile: CostProfile, steps: Sequence[StepRecord], prompt_len: int, reused: int = 0
 ) -> tuple[float, float]:
     """(target-only ms, speculative ms) the profile predicts for a generation that took ``steps``.
-    Both prefill the whole prompt and read the first token from its last row, so the first step's
+    Both prefill the prompt and read the first token from its last row, so the first step's
     1-token call is that row (a prefill row; its verification width is costed as any step's), and
     every other call is costed at its position (``CostProfile.target_at``: the first step feeds
     position ``prompt_len - 1``). The speculative time is the sum of ``cost_terms`` less the first
-    step's call plus, when the drafter ran at all, its own prefill of the prompt (``prompt_len``
-    drafter tokens: the spellings' count is close)."""
-    prefill = prompt_len * profile.prefill_ms_per_token
+    step's call plus, when the drafter ran at all, its own prefill of the prompt (as many drafter
+    tokens: the spellings' count is close). ``reused``: leading prompt tokens both sides found in
+    their caches (``kv_reuse``), prefilled by neither."""
+    prefill = (prompt_len - reused) * profile.prefill_ms_per_token
     start = max(0, prompt_len - 1)
     first = profile.target_at(1, start) if steps else 0.0  # inside the prefill
     t = cost_terms(profile, steps, prompt_len)
     spec = prefill - first + t["target_1"] + t["drafter"] + t["verify_width"] + t["host"]
     if any(s.source == "model" for s in steps):
-        spec += prompt_len * profile.drafter_prefill_ms_per_token
+        spec += (prompt_len - reused) * profile.drafter_prefill_ms_per_token
     n = int(t["tokens"])
     base = prefill + sum(profile.target_at(1, p) for p in range(start + 1, start + n))
     return base, spec

@@ -9,7 +9,9 @@ inputs only (``tail_logits``), row ``i`` scoring the token after input ``i``. Th
 prompt's prefill: it feeds ``[*prompt, *proposals]`` at 0 and reads the same rows, so verifying the
 first proposals costs a few prefill rows, not a call of its own (target-only decoding gets its
 first token from its prefill too). Rejected positions need no undo: the next call starts at the
-new ``len(committed) - 1`` and overwrites them (static cache, position-masked attention).
+new ``len(committed) - 1`` and overwrites them (static cache, position-masked attention). Where
+the cache still holds the prompt's first tokens from an earlier call (a served session's system
+turn, an earlier turn of a chat), the prefill starts after them (``kv_reuse``), on both paths.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits,
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.drafter import Mode, Proposal
 from omnidraft_deploy.speculative.hybrid import make_proposer
+from omnidraft_deploy.speculative.kv_reuse import keep, reusable
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
 from omnidraft_deploy.speculative.stats import DecodeStats
@@ -157,7 +160,8 @@ def _target_only(
 ) -> tuple[list[int], DecodeStats]:
     stats, t0 = DecodeStats(), time.perf_counter()
     out: list[int] = []
-    feed, pos = list(prompt_ids), 0
+    pos = stats.prompt_reused = reusable(target, prompt_ids)  # in the cache already
+    feed = list(prompt_ids[pos:])
     while True:
         row = last_logits(target, torch.tensor(feed, dtype=torch.long), pos)
         stats.target_calls += 1
@@ -222,6 +226,15 @@ class SpeculativeDecoder:
         top = torch.softmax(rows, -1).topk(self.cfg.observer_topk, -1)
         observer(list(committed), kept, top.indices, top.values)
 
+    def keep_cached(self, prefix_target_ids: list[int]) -> None:
+        """Let the next ``generate`` reuse at most ``prefix_target_ids`` (target ids; [] for a
+        cold start) from the target's and the drafter's caches (``kv_reuse``): what a benchmark
+        gives every configuration alike."""
+        keep(self.target, len(prefix_target_ids))
+        keep_drafter = getattr(self.drafter, "keep_cached", None)
+        if keep_drafter is not None:
+            keep_drafter(prefix_target_ids)
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -243,7 +256,9 @@ class SpeculativeDecoder:
         self.drafter.reset(prompt_ids)
         self.drafter.seconds, self.drafter.calls = 0.0, 0
         committed, out = list(prompt_ids), list[int]()
-        fed = 0  # committed[:fed] are in the target's cache: the first step is the prompt's prefill
+        # committed[:fed] are in the target's cache: the first step is the prompt's prefill, from
+        # where the cache stops holding this prompt (``kv_reuse``)
+        fed = stats.prompt_reused = reusable(self.target, prompt_ids)
         while True:
             prop = self.drafter.propose(generator)
             room = cap - len(committed)  # the feed may reach position cap - 1, as target-only

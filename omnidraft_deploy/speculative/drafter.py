@@ -30,6 +30,7 @@ from torch import Tensor
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits
 from omnidraft_deploy.speculative.draft_len import confidence_features
+from omnidraft_deploy.speculative.kv_reuse import keep, reusable
 from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -95,9 +96,16 @@ class CrossVocabDrafter:
     def reset(self, prompt_target_ids: list[int]) -> None:
         self.policy.new_context()
         ids = self.mapper.drafter_context(prompt_target_ids)
-        self.draft_ids, self.kv_len, self._fed_len = ids, 0, 0
+        # the drafter's cache may hold this context's start already (``kv_reuse``)
+        self.draft_ids, self.kv_len, self._fed_len = ids, reusable(self.lm, ids), 0
         self.placeholder_bytes = 0
         self._count_placeholders(prompt_target_ids)
+
+    def keep_cached(self, prefix_target_ids: list[int]) -> None:
+        """Let the next ``reset`` reuse at most this text's start from the drafter's cache (its
+        drafter spelling; nothing for an empty one): ``kv_reuse``."""
+        n = len(self.mapper.drafter_context(prefix_target_ids)) if prefix_target_ids else 0
+        keep(self.lm, n)
 
     def _count_placeholders(self, target_ids: list[int]) -> None:
         lost = sum(self.mapper.placeholder_bytes(t) for t in target_ids)

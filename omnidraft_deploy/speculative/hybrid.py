@@ -85,6 +85,10 @@ class HybridProposer:
             self.lookup.reset(prompt_ids)
         self.trace = []
 
+    def keep_cached(self, prefix_target_ids: list[int]) -> None:
+        if self.model is not None:
+            self.model.keep_cached(prefix_target_ids)
+
     def _saving(self, acceptance: float, k: int, *, model: bool) -> float:
         """Expected time saved by a k-proposal step over a plain step (ms; may be negative)."""
         if k == 0:

@@ -21,6 +21,7 @@ class DecodeStats:
     overhead_s: float = 0.0  # mapping, n-gram cache, verification maths
     wall_s: float = 0.0
     stopped_by_capacity: bool = False  # the KV capacity ended it before max_new_tokens / EOS
+    prompt_reused: int = 0  # leading prompt tokens already in the target's cache (not prefilled)
 
     @property
     def acceptance_rate(self) -> float:
@@ -54,4 +55,5 @@ class DecodeStats:
             "drafter_s": self.drafter_s,
             "overhead_s": self.overhead_s,
             "overhead_fraction_of_drafter": self.overhead_fraction_of_drafter,
+            "prompt_reused": self.prompt_reused,
         }

@@ -138,6 +138,18 @@ def render_chat(template: str | None, user_text: str) -> str:
         raise ValueError(f"--chat: the chat template does not render ({e})") from None
 
 
+def chat_prefix_ids(tok: Any) -> list[int]:
+    """The ids every chat-rendered prompt of ``tok`` begins with (the template's system turn and
+    the user turn's header): the common start of two renders whose user texts share nothing. A
+    served session keeps them in its caches (``speculative.kv_reuse``); [] without a template."""
+    template = getattr(tok, "chat_template", None)
+    if not template:
+        return []
+    a, b = (tok.encode(render_chat(template, t)) for t in ("Alpha.", "(2)"))
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return list(a[:n])
+
+
 @functools.lru_cache(maxsize=8)
 def _compiled(template: str) -> Any:
     """``template`` compiled in a sandboxed environment whose ``raise_exception`` raises

@@ -28,6 +28,11 @@ public interface CausalLm {
         return java.util.Arrays.copyOfRange(all, all.length - rows, all.length);
     }
 
+    /** The ids this model's cache holds, position by position (CachedTokens), or null: none kept. */
+    default CachedTokens cached() {
+        return null;
+    }
+
     /** Logits row length (may exceed the tokenizer's vocabulary: padded rows). */
     int vocabSize();
 

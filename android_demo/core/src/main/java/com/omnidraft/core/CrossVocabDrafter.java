@@ -68,7 +68,7 @@ public final class CrossVocabDrafter {
             ids = withBos;
         }
         draftIds = ids;
-        kvLen = 0;
+        kvLen = CachedTokens.reusable(lm, ids.toArray()); // the drafter's cache may hold its start
         fedLen = 0;
     }
 

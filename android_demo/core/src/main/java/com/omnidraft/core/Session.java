@@ -58,8 +58,9 @@ public final class Session {
         }
         // as the Python reader: room for every shipped entry (the seed is ~65k merged tokens)
         cache = NGramCache.fromFile(warm, Math.max(NGramCache.DEFAULT_MAX_ENTRIES, warm.entries().size()), 0);
-        CausalLm drafter = loader.load(new File(bundleDir, m.drafter.file), m.drafter, m);
-        CausalLm target = loader.load(new File(bundleDir, m.target.file), m.target, m);
+        // wrapped so each keeps a record of its cache: a prompt's cached start is not prefilled again
+        CausalLm drafter = new CachingLm(loader.load(new File(bundleDir, m.drafter.file), m.drafter, m));
+        CausalLm target = new CachingLm(loader.load(new File(bundleDir, m.target.file), m.target, m));
         SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNewTokens, map.targetEos(),
                 map.targetVocabSize);
         decoder = new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Heuristic(m.draftLen), cache, cfg,

@@ -71,7 +71,10 @@ public final class SpeculativeDecoder {
         drafter.calls = 0;
         IntList committed = new IntList(promptIds);
         IntList out = new IntList();
-        int fed = 0; // committed[:fed] are in the target's cache: the first step is the prompt's prefill
+        // committed[:fed] are in the target's cache: the first step is the prompt's prefill, from where
+        // the cache stops holding this prompt (CachedTokens)
+        int fed = CachedTokens.reusable(target, promptIds);
+        stats.promptReused = fed;
         while (true) {
             CrossVocabDrafter.Proposal prop = drafter.propose(uniforms);
             int room = cap - committed.size(); // the feed may reach position cap - 1, as target-only

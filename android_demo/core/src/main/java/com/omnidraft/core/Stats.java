@@ -13,6 +13,7 @@ public final class Stats {
     public int mergedProposed;
     public int mergedAccepted;
     public long wallNanos;
+    public int promptReused; // leading prompt ids found in the target's cache (not prefilled)
     public final List<Integer> acceptCounts = new ArrayList<>();
     public final List<Integer> draftLenTrace = new ArrayList<>();
 

@@ -94,10 +94,53 @@ public class ForwardTailTest {
         return Arrays.copyOfRange(ctx, prompt.length, ctx.length);
     }
 
-    private static SpeculativeDecoder decoder(VocabMap map, RecordingLm target, RecordingLm drafter, int maxNew) {
+    private static SpeculativeDecoder decoder(VocabMap map, CausalLm target, CausalLm drafter, int maxNew) {
         SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNew, map.targetEos(),
                 map.targetVocabSize);
         return new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Fixed(3), null, cfg, -1);
+    }
+
+    @Test
+    public void aPromptsCachedStartIsNotPrefilledAgainAndChangesNothing() throws IOException {
+        VocabMap map = VocabMap.read(VocabMapTest.golden(), "mapper_v1.bin");
+        RecordingLm target = new RecordingLm(map.targetVocabSize, 7);
+        RecordingLm drafter = new RecordingLm(map.draftVocabSize, 3);
+        SpeculativeDecoder dec = decoder(map, new CachingLm(target), new CachingLm(drafter), 12);
+        int[] first = {3, 7, 1, 4, 9, 2, 5, 6};
+        int[] second = {3, 7, 1, 4, 9, 2, 8, 1, 5}; // the same 6-id "system turn"
+        dec.generate(first, Uniforms.seeded(0), new Stats(), null);
+        target.calls.clear();
+        drafter.calls.clear();
+        Stats stats = new Stats();
+        int[] out = dec.generate(second, Uniforms.seeded(0), stats, null);
+
+        assertEquals(6, stats.promptReused);
+        int[] call = tail(target.calls.get(0)); // the prefill starts after the cached start
+        assertEquals(target.calls.toString(), 6, call[1]);
+        assertArrayEquals(targetGreedy(second, 12, map.targetVocabSize, 7), out);
+        for (String c : drafter.calls) { // nor does the drafter read its cached start again
+            assertTrue(drafter.calls.toString(), !c.endsWith("@0/1"));
+        }
+        // the same prompt again: all but its last id cached, the same output
+        Stats again = new Stats();
+        assertArrayEquals(out, dec.generate(second, Uniforms.seeded(0), again, null));
+        assertEquals(second.length - 1, again.promptReused);
+    }
+
+    @Test
+    public void cachedTokensRecordWhatEachCallWrote() {
+        CachedTokens c = new CachedTokens();
+        c.fed(new int[] {1, 2, 3, 4}, 0);
+        c.fed(new int[] {5, 6, 7}, 4);
+        c.fed(new int[] {9}, 5); // 6 was rejected; 7 lay past the new write
+        assertEquals(6, c.size());
+        assertEquals(3, c.reusable(new int[] {1, 2, 3, 8, 8}));
+        assertEquals(5, c.reusable(new int[] {1, 2, 3, 4, 5, 9}));
+        c.fed(new int[] {7}, 9); // past the record: unknown entries before it
+        assertEquals(6, c.size());
+        c.keep(2);
+        assertEquals(2, c.reusable(new int[] {1, 2, 3, 4}));
+        assertEquals(0, CachedTokens.reusable(new RecordingLm(4, 3), new int[] {1, 2}));
     }
 
     @Test

@@ -59,6 +59,12 @@ def _agg(rows: list[dict[str, Any]], base: dict[Any, tuple[float, int]],
         out["steps"] = {k: int(sum(r.get(k, 0) for r in rows)) for k in ("model", "lookup", "none")}
         if "prefill_ms" in rows[0]:  # the prompts' prefill, paid alike with and without drafts
             out["prefill_share"] = sum(r["prefill_ms"] for r in rows) / ps if ps else 0.0
+        # which side the prediction missed: both (the machine's speed moved since the profile)
+        # or the speculative one alone (a cost the loop pays that the model does not price)
+        base_wall = sum(base[r["prompt"]][0] for r in rows if r["prompt"] in base)
+        if pb and ps and base_wall:
+            out["measured_over_predicted"] = {"target_only": 1e3 * base_wall / pb,
+                                              "speculative": 1e3 * wall / ps}  # fmt: skip
         if "cost_tokens" in rows[0]:
             out["cost_terms"] = {k: sum(r[f"cost_{k}"] for r in rows) for k in
                                  ("drafter", "verify_width", "host", "target_1", "tokens")}  # fmt: skip
@@ -140,6 +146,10 @@ def term_line(task: str, a: dict[str, Any], prof: CostProfile | None = None) -> 
         decode = per_step / (1 + sum(parts.values()))
         line += (f"; decode phase alone {decode:.2f}x, the prompts' prefill "
                  f"{a['prefill_share']:.0%} of the predicted speculative time")  # fmt: skip
+    if "measured_over_predicted" in a:
+        mp = a["measured_over_predicted"]
+        line += (f"; time measured/predicted: target-only {mp['target_only']:.2f}, speculative "
+                 f"{mp['speculative']:.2f}")  # fmt: skip
     if a["speedup"] >= goal:
         return line + f"; goal {goal:.2f}x met"
     worst = max(parts, key=lambda k: parts[k])

@@ -94,6 +94,24 @@ def test_a_term_line_names_the_decode_phase_and_the_prefill_share() -> None:
                                                        if k != "prefill_share"})  # fmt: skip
 
 
+def test_an_aggregate_says_which_side_the_prediction_missed() -> None:
+    """Target-only and speculative time against their predictions, over the same prompts: both
+    off says the machine's speed moved since the profile; the speculative side alone, a cost the
+    model does not price."""
+    from benchmarks.real_pair_report import _agg, term_line
+
+    rows = [{"prompt": i, "method": "ours_x", "wall_s": 1.1, "n_tokens": 8,
+             "equal_ours_target": True, "predicted_base_ms": 2000.0,
+             "predicted_spec_ms": 1000.0} for i in range(2)]  # fmt: skip
+    base = {0: (1.8, 8), 1: (2.2, 8), 7: (9.0, 8)}  # prompt 7: not in these rows
+    agg = _agg(rows, base, {})
+    assert agg["measured_over_predicted"] == {"target_only": 1.0, "speculative": 1.1}
+    agg |= {"acceptance": 0.6, "steps": {"model": 2, "lookup": 0, "none": 0},
+            "cost_terms": {"target_1": 80.0, "drafter": 8.0, "verify_width": 8.0, "host": 0.0,
+                           "tokens": 6.0}}  # fmt: skip
+    assert "time measured/predicted: target-only 1.00, speculative 1.10" in term_line("x", agg)
+
+
 def test_the_real_pair_prompt_set() -> None:
     plain, more = prompt_texts(), prompt_texts(code_edit=True)
     assert len(plain) == 24 and {p["task"] for p in plain} == {"math", "code", "chat",

@@ -40,6 +40,7 @@ import numpy as np
 from benchmarks.common.peers import MAX_SEQ_LEN, GenAI
 from benchmarks.common.report import command, meta_lines, run_meta, write_report
 from benchmarks.render_reports import runtime_speed_png
+from omnidraft_deploy.speculative.kv_reuse import common_prefix
 
 log = logging.getLogger("runtime_speed")
 WORK = Path(".bench/runtime_speed")
@@ -288,12 +289,6 @@ def time_group(preset: str, precision: str, args: argparse.Namespace) -> dict[st
     for e in out.values():  # greedy decode of the same prompt: common prefix with GenAI's
         e["same_tokens_as_genai"] = common_prefix(e["greedy_tokens"], base or [])
     return out
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
-    )
 
 
 def summarise(r: dict[str, Any]) -> dict[str, Any]:

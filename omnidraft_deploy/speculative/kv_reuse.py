@@ -25,6 +25,13 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
 class CachedTokens:
     """The token ids whose keys and values sit at positions ``0..len-1`` of one model's cache."""
 
@@ -50,10 +57,7 @@ class CachedTokens:
     def reusable(self, prompt: Sequence[int]) -> int:
         """How many leading tokens of ``prompt`` need no prefill: the prefix it shares with the
         cache, short of its last token (the first step reads that token's logits)."""
-        n, limit = 0, min(len(self.ids), len(prompt) - 1)
-        while n < limit and self.ids[n] == prompt[n]:
-            n += 1
-        return n
+        return max(0, min(common_prefix(self.ids, prompt), len(prompt) - 1))
 
 
 def cached_tokens(lm: Any) -> CachedTokens | None:

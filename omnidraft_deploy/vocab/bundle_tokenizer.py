@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnidraft_deploy.protocols import TokenizerLike
+from omnidraft_deploy.speculative.kv_reuse import common_prefix
 
 if TYPE_CHECKING:
     from omnidraft_deploy.bundle.sections import FileEntry
@@ -146,8 +147,7 @@ def chat_prefix_ids(tok: Any) -> list[int]:
     if not template:
         return []
     a, b = (tok.encode(render_chat(template, t)) for t in ("Alpha.", "(2)"))
-    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return list(a[:n])
+    return list(a[: common_prefix(a, b)])
 
 
 @functools.lru_cache(maxsize=8)

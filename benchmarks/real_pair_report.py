@@ -52,10 +52,15 @@ def _agg(rows: list[dict[str, Any]], base: dict[Any, tuple[float, int]],
         out["acceptance"] = s["accepted"] / s["proposed"] if s["proposed"] else 0.0
         out["tokens_per_call"] = s["n_generated"] / max(1.0, s["target_calls"])
         out["drafter_calls_per_token"] = s["drafter_calls"] / max(1.0, s["n_generated"])
+        # where the measured time went (s), beside the prediction's terms below
+        out["seconds"] = {k: sum(float(r.get(k, 0)) for r in rows)
+                          for k in ("target_s", "drafter_s", "overhead_s")}  # fmt: skip
     if rows and "predicted_spec_ms" in rows[0]:
         pb = sum(r["predicted_base_ms"] for r in rows)
         ps = sum(r["predicted_spec_ms"] for r in rows)
         out["predicted_speedup"] = pb / ps if ps else 0.0
+        out["predicted_ms"] = {"target_only": pb, "speculative": ps,
+                               "prefill": sum(float(r.get("prefill_ms", 0)) for r in rows)}  # fmt: skip
         out["steps"] = {k: int(sum(r.get(k, 0) for r in rows)) for k in ("model", "lookup", "none")}
         if "prefill_ms" in rows[0]:  # the prompts' prefill, paid alike with and without drafts
             out["prefill_share"] = sum(r["prefill_ms"] for r in rows) / ps if ps else 0.0

@@ -102,10 +102,13 @@ def test_an_aggregate_says_which_side_the_prediction_missed() -> None:
 
     rows = [{"prompt": i, "method": "ours_x", "wall_s": 1.1, "n_tokens": 8,
              "equal_ours_target": True, "predicted_base_ms": 2000.0,
-             "predicted_spec_ms": 1000.0} for i in range(2)]  # fmt: skip
+             "predicted_spec_ms": 1000.0, "proposed": 4, "accepted": 2, "target_s": 0.8,
+             "drafter_s": 0.25} for i in range(2)]  # fmt: skip
     base = {0: (1.8, 8), 1: (2.2, 8), 7: (9.0, 8)}  # prompt 7: not in these rows
     agg = _agg(rows, base, {})
     assert agg["measured_over_predicted"] == {"target_only": 1.0, "speculative": 1.1}
+    assert agg["predicted_ms"] == {"target_only": 4000.0, "speculative": 2000.0, "prefill": 0.0}
+    assert agg["seconds"] == {"target_s": 1.6, "drafter_s": 0.5, "overhead_s": 0.0}
     agg |= {"acceptance": 0.6, "steps": {"model": 2, "lookup": 0, "none": 0},
             "cost_terms": {"target_1": 80.0, "drafter": 8.0, "verify_width": 8.0, "host": 0.0,
                            "tokens": 6.0}}  # fmt: skip

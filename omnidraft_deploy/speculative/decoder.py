@@ -28,8 +28,10 @@ from torch import Tensor
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits, tail_logits
 from omnidraft_deploy.speculative.cost import CostProfile
+from omnidraft_deploy.speculative.cost_learning import CostLearner
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen
 from omnidraft_deploy.speculative.drafter import Mode, Proposal
-from omnidraft_deploy.speculative.hybrid import make_proposer
+from omnidraft_deploy.speculative.hybrid import HybridProposer, make_proposer
 from omnidraft_deploy.speculative.kv_reuse import keep, reusable
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.sampling import logits_to_probs, sample
@@ -55,6 +57,9 @@ class DecodeConfig:
     # 1 when the models are runtime graphs: a multi-threaded torch op between two ONNX Runtime
     # calls fights ORT's spinning pool for the same cores (runtime.run sets it).
     host_threads: int | None = None
+    # follow the latencies the loop pays and price drafts with them (``cost_learning``); needs a
+    # cost profile (the hybrid's or the cost-aware policy's)
+    learn_costs: bool = False
 
     def __post_init__(self) -> None:
         greedy = self.mode is Mode.GREEDY
@@ -196,13 +201,36 @@ class SpeculativeDecoder:
         config: DecodeConfig = DecodeConfig(),
         lookup: LookupProposer | None = None,
         profile: CostProfile | None = None,
+        costs: CostLearner | None = None,
     ) -> None:
         """``profile`` (``cost.CostProfile``): choose per step between drafter drafts, ``lookup``
-        drafts and none by measured cost (``hybrid``); ``drafter`` None: lookup only."""
+        drafts and none by measured cost (``hybrid``); ``drafter`` None: lookup only. With
+        ``config.learn_costs``: price drafts with the latencies the loop pays, learned by
+        ``costs`` (a served session passes its own, kept across requests) or by a new learner
+        over the profile."""
         self.target, self.mapper, self.cfg = target, mapper, config
         self.drafter = make_proposer(drafter, mapper, policy, mode=config.mode,
                                      target_vocab=target.vocab_size, temperature=config.temperature,
                                      ngram_cache=ngram_cache, lookup=lookup, profile=profile)  # fmt: skip
+        self.policy = policy
+        base = profile if profile is not None else getattr(policy, "profile", None)
+        if config.learn_costs and costs is None and not isinstance(base, CostProfile):
+            raise ValueError("learn_costs needs a cost profile (the hybrid's or the cost policy's)")
+        if config.learn_costs and costs is None:
+            costs = CostLearner(base)
+        self.costs = costs if config.learn_costs else None
+
+    def _learn(self, width: int, pos: int, target_s: float, calls: int, drafter_s: float) -> None:
+        """Fold one step's measured calls into ``costs`` and price the next drafts with them."""
+        if self.costs is None:
+            return
+        self.costs.observe_target(width, pos, 1e3 * target_s)
+        self.costs.observe_drafter(calls, 1e3 * drafter_s)
+        learned = self.costs.profile()
+        if isinstance(self.policy, CostAwareDraftLen):
+            self.policy.profile = learned
+        if isinstance(self.drafter, HybridProposer):
+            self.drafter.profile = learned
 
     def _verify(
         self, prop: Proposal, n_prop: int, logits: Tensor, generator: torch.Generator | None
@@ -260,13 +288,17 @@ class SpeculativeDecoder:
         # where the cache stops holding this prompt (``kv_reuse``)
         fed = stats.prompt_reused = reusable(self.target, prompt_ids)
         while True:
+            s0, c0 = self.drafter.seconds, self.drafter.calls
             prop = self.drafter.propose(generator)
             room = cap - len(committed)  # the feed may reach position cap - 1, as target-only
             n_prop = max(0, min(len(prop.target_ids), room))
             feed = [*committed[fed:], *prop.target_ids[:n_prop]]
             t0 = time.perf_counter()  # only the rows verification reads (the prefill's: none)
             logits = tail_logits(self.target, torch.tensor(feed, dtype=torch.long), fed, n_prop + 1)
-            stats.target_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            stats.target_s += dt
+            if stats.target_calls:  # not the prefill step (its calls are the prompt's)
+                self._learn(len(feed), fed, dt, self.drafter.calls - c0, self.drafter.seconds - s0)
             stats.target_calls += 1
             n_acc, next_id = self._verify(prop, n_prop, logits, generator)
             new_ids = [*prop.target_ids[:n_acc], next_id]

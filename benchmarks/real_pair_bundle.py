@@ -20,11 +20,10 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 - ``ours_smollm2_kd`` / ``ours_hybrid_smollm2_kd``: the drafter of ``--kd-bundle`` (the same
   drafter distilled for this target, ``benchmarks/kd_drafter.py``, exported with
   ``--target-from``) in place of the bundle's, without / with lookup: base and distilled drafter
-  timed in one run, against the same target calls; ``ours_hybrid_smollm2_kd_nolearn``: the
-  latter priced with the profile as measured, the costs the loop pays not learned (every other
-  cost-aware row learns them, as ``run`` does: ``DecodeConfig.learn_costs``,
-  ``speculative/cost_learning.py``; one learner per row, kept across the run's prompts as a
-  served session keeps it);
+  timed in one run, against the same target calls; ``ours_hybrid_smollm2_kd_learn``: the
+  latter pricing its drafts with the latencies its loop pays (``DecodeConfig.learn_costs``,
+  ``speculative/cost_learning.py``; one learner per row, kept across the run's prompts; not
+  ``run``'s default: it has not measured faster, docs/results/decoding.md);
 - ``genai_target``: ONNX Runtime GenAI target-only on its builder's graph of the same weights;
 - ``llamacpp_target``: llama.cpp's plain decode of the same GGUF (``llama-cpp-python``, built from
   its sdist: ``pip install llama-cpp-python==0.3.36``; the ``bench`` extra does not pull it).
@@ -127,10 +126,10 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBun
             rows += [
                 ("ours_smollm2_kd", "smollm2_kd", True, False),
                 ("ours_hybrid_smollm2_kd", "smollm2_kd", True, True),
-                ("ours_hybrid_smollm2_kd_nolearn", "smollm2_kd", True, True),
+                ("ours_hybrid_smollm2_kd_learn", "smollm2_kd", True, True),
             ]
-        for name, prof, model, look in rows:  # priced as ``run`` prices: costs learned
-            cfg = dataclasses.replace(base, learn_costs=not name.endswith("_nolearn"))
+        for name, prof, model, look in rows:
+            cfg = dataclasses.replace(base, learn_costs=name.endswith("_learn"))
             dec = _decoder(bundle, profs[prof], cfg, model=model, lookup=look,
                            drafter=others.get(prof))  # fmt: skip
             m[name] = decoder_run(dec, profile=profs[prof], warm=warm)
@@ -144,7 +143,7 @@ def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBun
             m["llamacpp_target"] = peers.llamacpp_method(Path(a.gguf), a.threads,
                                                          a.max_new_tokens, keep=len(warm))  # fmt: skip
     if "exact" in a.modes:
-        cfg = dataclasses.replace(base, mode=Mode.EXACT, temperature=0.7, learn_costs=True)
+        cfg = dataclasses.replace(base, mode=Mode.EXACT, temperature=0.7)
         m["ours_target_t07"] = target_run(bundle.target, cfg, seed=a.seed, warm=warm)
         for name, look in (("smollm2", False), ("hybrid_smollm2", True)):
             dec = _decoder(bundle, profs["smollm2"], cfg, model=True, lookup=look)

@@ -21,7 +21,6 @@ from omnidraft_deploy.host.profile import load_profile
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.speculative.cost import CostProfile
-from omnidraft_deploy.speculative.cost_learning import CostLearner
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
     Observer,
@@ -39,13 +38,10 @@ def bundle_decoder(
     max_new_tokens: int,
     config: DecodeConfig | None = None,
     profile: CostProfile | None = None,
-    costs: CostLearner | None = None,
 ) -> SpeculativeDecoder:
     """Speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length;
     greedy unless ``config`` (mode, temperature, ...) is given. With a measured cost ``profile``
-    (``decoding_profile``): cost-aware drafting plus lookup drafts, chosen per step, priced with
-    the latencies the loop pays (``speculative.cost_learning``; ``costs``: a learner kept by the
-    caller across requests, else a new one over ``profile``)."""
+    (``decoding_profile``): cost-aware drafting plus lookup drafts, chosen per step."""
     cfg = dataclasses.replace(
         config or DecodeConfig(max_new_tokens=max_new_tokens),
         vocab_limit=bundle.mapper.target_vocab_size,
@@ -56,8 +52,7 @@ def bundle_decoder(
         return SpeculativeDecoder(
             bundle.target, bundle.drafter, bundle.mapper,
             CostAwareDraftLen(profile, 2 * bundle.manifest.draft_len), bundle.ngram_cache,
-            config=dataclasses.replace(cfg, learn_costs=True), lookup=LookupProposer(),
-            profile=profile, costs=costs,
+            config=cfg, lookup=LookupProposer(), profile=profile,
         )  # fmt: skip
     return SpeculativeDecoder(
         bundle.target,
@@ -92,7 +87,6 @@ def run_bundle(
     config: DecodeConfig | None = None,
     generator: torch.Generator | None = None,
     ngram_cache: NGramCache | None = None,
-    costs: CostLearner | None = None,
 ) -> tuple[list[int], DecodeStats]:
     """Speculative generation from an opened bundle (greedy unless ``config`` says otherwise; its
     ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
@@ -101,15 +95,14 @@ def run_bundle(
     (``cli.streaming.TextStreamer`` prints text as it comes). A prompt the target cannot hold
     (longer than its ``max_seq_len``) is refused first, before any graph runs (profiling included).
     ``ngram_cache``: the cache to decode with, already loaded from ``state`` by the caller (a
-    served session parses it ahead: ``runtime.session.prepare``); None: loaded here. ``costs``:
-    the latencies learned by earlier requests of a served session (``bundle_decoder``).
+    served session parses it ahead: ``runtime.session.prepare``); None: loaded here.
     """
     check_prompt(prompt_ids, bundle.mapper.target_vocab_size, bundle.target.max_seq_len)
     if ngram_cache is not None:
         bundle.ngram_cache = ngram_cache
     elif state is not None:
         bundle.ngram_cache = load_session_cache(state, bundle.mapper, bundle.ngram_cache)
-    dec = bundle_decoder(bundle, max_new_tokens, config, decoding_profile(bundle, state), costs)
+    dec = bundle_decoder(bundle, max_new_tokens, config, decoding_profile(bundle, state))
     out, stats = dec.generate(prompt_ids, observer=observer, generator=generator)
     if state is not None:
         write_bytes_atomic(

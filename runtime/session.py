@@ -36,7 +36,6 @@ from omnidraft_deploy.cli.protocol import RunRequest, Writer
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
-from omnidraft_deploy.speculative.cost_learning import CostLearner
 
 WARM_PROMPT = "def add(a, b):"
 FileId = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
@@ -51,7 +50,6 @@ class Session:
     shipped: bytes | None = None  # served: the bundle's n-gram cache as opened (``ngram.format``)
     file_ids: FileIds | None = None  # served: (size, mtime, ctime, inode) of every bundle file
     prepared: tuple[FileId | None, NGramCache] | None = None  # served: ``prepare``'s cache
-    costs: CostLearner | None = None  # served: the latencies learned so far (``cost_learning``)
 
 
 def target_tokenizer(root: Path, target: str | None) -> Any:
@@ -166,7 +164,7 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
     """What ``omnidraft run`` writes for ``request`` (module docstring): text to ``out``, the
     ``--stats`` lines to ``err``; errors raise (the caller reports them)."""
     import torch
-    from omnidraft_deploy.runtime.run import decoding_profile, run_bundle, target_only
+    from omnidraft_deploy.runtime.run import run_bundle, target_only
 
     from omnidraft_deploy.cli.streaming import TextStreamer, print_stats
     from omnidraft_deploy.speculative.decoder import DecodeConfig
@@ -190,12 +188,9 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
         from omnidraft_deploy.host.pages_later import settle
 
         settle()
-    if session.costs is None:  # learned across this session's requests (bundle_decoder)
-        profile = decoding_profile(bundle, session.state)
-        session.costs = None if profile is None else CostLearner(profile)
     result, stats = run_bundle(bundle, ids, observer=stream, config=cfg, state=session.state,
                                generator=torch.Generator().manual_seed(request.seed),
-                               ngram_cache=cache, costs=session.costs)  # fmt: skip
+                               ngram_cache=cache)  # fmt: skip
     stream.finish()
     if request.stats:  # the baseline starts from what the speculative run found cached
         keep(bundle.target, stats.prompt_reused)

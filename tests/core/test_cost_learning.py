@@ -117,3 +117,20 @@ def test_learning_without_a_profile_is_refused() -> None:
     with pytest.raises(ValueError, match="learn_costs needs a cost profile"):
         SpeculativeDecoder(target, drafter, mapper, FixedDraftLen(4),
                            config=DecodeConfig(learn_costs=True))  # fmt: skip
+
+
+def test_a_learner_passed_in_carries_across_decoders() -> None:
+    """What a served session would keep across requests: one learner, every decoder feeding it."""
+    dt, tt = toy_pair()
+    mapper = VocabMapper.from_tokenizers(dt, tt)
+    target = EagerLM(build_model(toy_spec(tt.vocab_size), seed=1, init_std=0.5))
+    drafter = EagerLM(build_model(toy_spec(dt.vocab_size), seed=2, init_std=0.5))
+    learner = CostLearner(BASE)
+    cfg = DecodeConfig(max_new_tokens=12, learn_costs=True)
+    seen = [0]
+    for _ in range(2):
+        dec = SpeculativeDecoder(target, drafter, mapper, CostAwareDraftLen(BASE, 4), NGramCache(),
+                                 config=cfg, lookup=LookupProposer(), profile=BASE, costs=learner)  # fmt: skip
+        dec.generate(tt.encode("ab ca ab"))
+        assert dec.costs is learner and learner.observations > seen[-1]
+        seen.append(learner.observations)

@@ -107,24 +107,3 @@ def test_run_stats_baseline_starts_where_the_speculative_run_did(
         generate(session, request, io.StringIO(), io.StringIO())
     assert seen[0] == (0, 0)
     assert seen[1][0] > 0 and seen[1][0] == seen[1][1]
-
-
-def test_a_served_session_keeps_learning_its_costs(opened: Any, tmp_path: Path) -> None:
-    """A served session prices drafts with the latencies its loop pays, learned across its
-    requests (``speculative.cost_learning``): one learner, fed by every request's calls."""
-    import io
-
-    from omnidraft_deploy.runtime.session import generate, open_session
-
-    from omnidraft_deploy.cli.protocol import RunRequest
-
-    session = open_session(opened.root, state=tmp_path / "state", served=True)
-    request = RunRequest(bundle=str(opened.root), target=None, provider=None, prompt="a b c d",
-                         chat=False, mode="greedy", temperature=0.0, top_p=None,
-                         max_new_tokens=8, seed=0, stats=None)  # fmt: skip
-    generate(session, request, io.StringIO(), io.StringIO())
-    learner = session.costs
-    assert learner is not None and learner.observations > 0  # steps after the prefill's
-    seen = learner.observations
-    generate(session, request, io.StringIO(), io.StringIO())
-    assert session.costs is learner and learner.observations > seen

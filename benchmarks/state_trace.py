@@ -28,6 +28,17 @@ from omnidraft_deploy.protocols import last_logits
 OUT = Path("reports/state_trace")
 
 
+def anon_huge_mb() -> float:
+    """This process's anonymous memory on huge pages (MB; 0 where /proc does not say)."""
+    try:
+        for line in Path(f"/proc/{os.getpid()}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def trace(a: argparse.Namespace) -> None:
     from omnidraft_deploy.runtime.bundle import open_bundle
 
@@ -45,7 +56,8 @@ def trace(a: argparse.Namespace) -> None:
     while time.time() - start < a.seconds:
         one = statistics.median(call(1) for _ in range(a.calls))
         wide = statistics.median(call(a.width) for _ in range(a.calls))
-        points.append({"s": round(time.time() - start, 1), "t1_ms": one, "wide_ms": wide})
+        points.append({"s": round(time.time() - start, 1), "t1_ms": one, "wide_ms": wide,
+                       "anon_huge_mb": anon_huge_mb()})  # fmt: skip
         print(
             f"{points[-1]['s']:6.1f} s  T=1 {one:5.1f} ms  T={a.width} {wide:5.1f} ms", flush=True
         )
@@ -61,8 +73,10 @@ def _md(p: dict[str, Any]) -> str:
     head = [f"# Target call latency over one process's life ({p['bundle']})", "",
             *meta_lines(p["meta"]), "",
             f"Medians of {p['calls']} calls at position {p['position']} per point.", "",
-            f"| s since start | T=1 (ms) | T={w} (ms) |", "|---|---|---|"]  # fmt: skip
-    rows = [f"| {q['s']:.0f} | {q['t1_ms']:.1f} | {q['wide_ms']:.1f} |" for q in p["points"]]
+            f"| s since start | T=1 (ms) | T={w} (ms) | anonymous memory on huge pages (MB) |",
+            "|---|---|---|---|"]  # fmt: skip
+    rows = [f"| {q['s']:.0f} | {q['t1_ms']:.1f} | {q['wide_ms']:.1f} | "
+            f"{q['anon_huge_mb']:.0f} |" for q in p["points"]]  # fmt: skip
     return "\n".join(head + rows) + "\n"
 
 

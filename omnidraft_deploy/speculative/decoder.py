@@ -214,9 +214,11 @@ class SpeculativeDecoder:
                                      ngram_cache=ngram_cache, lookup=lookup, profile=profile)  # fmt: skip
         self.policy = policy
         base = profile if profile is not None else getattr(policy, "profile", None)
-        if config.learn_costs and costs is None and not isinstance(base, CostProfile):
-            raise ValueError("learn_costs needs a cost profile (the hybrid's or the cost policy's)")
         if config.learn_costs and costs is None:
+            if not isinstance(base, CostProfile):
+                raise ValueError(
+                    "learn_costs needs a cost profile (the hybrid's or the cost policy's)"
+                )
             costs = CostLearner(base)
         self.costs = costs if config.learn_costs else None
 

@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -95,13 +96,15 @@ def _decoder(bundle: OpenBundle, prof: CostProfile, cfg: DecodeConfig, *, model:
 
 
 def _profiles(
-    bundle: OpenBundle, others: dict[str, OpenBundle], reps: int
+    bundle: OpenBundle, others: dict[str, OpenBundle], reps: int, stat: str = "median"
 ) -> dict[str, CostProfile]:
     """The bundle's profiles as ``run`` measures them (its drafter as ``smollm2``, ``""`` for
     lookup), plus the other bundles' drafters (``family``, ``smollm2_kd``) timed against the
-    same target calls."""
+    same target calls; ``stat`` "mean": each call's repetitions averaged instead (a run's sum of
+    calls on a machine that alternates between speeds, ``benchmarks/state_trace.py``)."""
     others = {name: b.drafter for name, b in others.items()}
-    profs = measure_bundle(bundle, k_max=2 * bundle.manifest.draft_len, reps=reps, others=others)
+    profs = measure_bundle(bundle, k_max=2 * bundle.manifest.draft_len, reps=reps, others=others,
+                           stat=statistics.fmean if stat == "mean" else statistics.median)  # fmt: skip
     profs["smollm2"] = profs.pop("drafter")
     return profs
 
@@ -174,7 +177,7 @@ def cmd_run(a: argparse.Namespace) -> None:
               for name, path in (("family", a.family_bundle), ("smollm2_kd", a.kd_bundle)) if path}  # fmt: skip
     if a.ort_spinning != "in-call":  # the runtime's sessions are opened so
         _spinning_sessions(bundle, a.threads, a.ort_spinning)
-    profs = _profiles(bundle, others, a.reps)
+    profs = _profiles(bundle, others, a.reps, a.profile_stat)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
     prompts = load_prompts(tok, a.tasks.split(","), a.per_task)
     meths = methods(a, bundle, others, profs)
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--reps", type=int, default=5, help="profile repeats (interleaved)")
+    p.add_argument("--profile-stat", choices=["median", "mean"], default="median",
+                   help="how the profile summarises each call's repeats")  # fmt: skip
     p.add_argument("--modes", default="greedy", help="greedy,exact")
     p.add_argument("--methods", default="", help="only these rows (comma-separated names)")
     p.add_argument(

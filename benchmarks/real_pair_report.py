@@ -227,7 +227,8 @@ def to_markdown(d: dict[str, Any]) -> str:
     target = metas[0].get("target", "qwen2.5-0.5b")
     lines = [f"# real_pair: {target} target on ONNX Runtime ({quant} graph)", ""]
     lines += [_chunk_line(m) for m in metas]
-    lines += ["", "## Cost profile (ms, medians of interleaved calls, first chunk)", "",
+    stat = "means" if "--profile-stat mean" in metas[0].get("command", "") else "medians"
+    lines += ["", f"## Cost profile (ms, {stat} of interleaved calls, first chunk)", "",
               "| graph | T=1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 |", "|---|" + "---|" * 9]  # fmt: skip
     p0 = profs[""]
     lines.append("| target | " + " | ".join(f"{x:.1f}" for x in p0.target_ms) + " |")

@@ -105,16 +105,20 @@ def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int =
 
 def measure_bundle(bundle: OpenBundle, *, k_max: int = 8, reps: int = 7,
                    others: dict[str, CausalLM] | None = None,
-                   progress: Progress = lambda r: r) -> dict[str, CostProfile]:  # fmt: skip
-    """Call latencies (``profile.measure``) + the in-loop host overhead, stamped with the
-    bundle's ``fingerprint``: ``"drafter"`` (the bundle's own), ``""`` (no drafter: lookup) and
-    one per graph of ``others`` (more drafters timed against the same target calls)."""
+                   progress: Progress = lambda r: r,
+                   stat: Callable[[list[float]], float] = statistics.median,
+                   ) -> dict[str, CostProfile]:  # fmt: skip
+    """Call latencies (``profile.measure``, each summarised by ``stat``) + the in-loop host
+    overhead, stamped with the bundle's ``fingerprint``: ``"drafter"`` (the bundle's own), ``""``
+    (no drafter: lookup) and one per graph of ``others`` (more drafters timed against the same
+    target calls)."""
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
     k_max = max(1, min(k_max, cap // 4 - 1))  # small test bundles: every call must fit
     context = min(PROFILE_CONTEXT, cap // 4)
     far = min(default_far_context(bundle.target, context, k_max), FAR_SLOTS)
     profs = measure(bundle.target, {"drafter": bundle.drafter, **(others or {})}, k_max=k_max,
-                    reps=reps, context=context, far_context=far, progress=progress)  # fmt: skip
+                    reps=reps, context=context, far_context=far, progress=progress,
+                    stat=stat)  # fmt: skip
     host, stamp = measure_host_overhead(bundle), fingerprint(bundle)
     return {
         n: dataclasses.replace(p, overhead_ms=host, fingerprint=stamp) for n, p in profs.items()

@@ -69,11 +69,15 @@ def _prefill(lm: CausalLM, ids: torch.Tensor) -> float:
 @torch.inference_mode()
 def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
             context: int = 64, far_context: int | None = None, reps: int = 5,
-            progress: Progress = lambda r: r) -> dict[str, CostProfile]:  # fmt: skip
+            progress: Progress = lambda r: r,
+            stat: Callable[[list[float]], float] = statistics.median) -> dict[str, CostProfile]:  # fmt: skip
     """drafter name -> profile (the target's latencies shared); ``""``: no drafter (lookup).
 
     ``far_context``: also time the target's calls with that many cached tokens (the profile's
-    ``target_ms_far``: cost grows with the KV length); None: ``default_far_context``."""
+    ``target_ms_far``: cost grows with the KV length); None: ``default_far_context``. ``stat``:
+    how each call's repetitions are summarised (the median; ``statistics.fmean`` where a
+    decode's sum of calls is to be predicted on a machine that alternates between speeds:
+    ``benchmarks/state_trace.py``)."""
     far = default_far_context(target, context, k_max) if far_context is None else far_context
     if far and far + k_max + 1 > target.max_seq_len:
         raise ValueError(f"far_context {far} + {k_max + 1} tokens exceeds the target's "
@@ -105,10 +109,10 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
     lookup_ms = statistics.median(_timed(lambda: look.propose(k_max)) for _ in range(50))
 
     def med(name: str, widths: Iterable[int]) -> tuple[float, ...]:
-        return tuple(statistics.median(times[(name, t)]) for t in widths)
+        return tuple(stat(times[(name, t)]) for t in widths)
 
     target_ms = med("", range(1, k_max + 2))
-    prefill = statistics.median(times[("prefill", context)])
+    prefill = stat(times[("prefill", context)])
     common: dict[str, Any] = {"target_ms": target_ms, "lookup_ms": lookup_ms,
                               "overhead_ms": statistics.median(host),
                               "prefill_ms_per_token": prefill, "context": context}  # fmt: skip
@@ -116,7 +120,7 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
         common |= {"far_context": far, "target_ms_far": med("far", range(1, k_max + 2))}
     out = {"": CostProfile(**common)}
     for name in drafters:
-        dpre = statistics.median(times[(f"prefill:{name}", context)])
+        dpre = stat(times[(f"prefill:{name}", context)])
         out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)),
                                 drafter_prefill_ms_per_token=dpre, **common)  # fmt: skip
     return out

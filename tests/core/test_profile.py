@@ -79,3 +79,17 @@ def test_prefills_are_timed_as_the_decoder_runs_them_last_row_only() -> None:
     for lm in (target, drafter):
         assert (8, 0) in lm.last_calls and (8, 0) not in lm.calls
         assert all(pos == 8 for _, pos in lm.calls)  # every timed step call is at the context
+
+
+def test_each_call_is_summarised_by_the_statistic_asked_for() -> None:
+    """``stat``: the median by default, the mean where a run's sum of calls is to be predicted."""
+    seen: list[int] = []
+
+    def stat(values: list[float]) -> float:
+        seen.append(len(values))
+        return 7.0
+
+    prof = measure(CountingLM(), {"d": CountingLM()}, k_max=3, context=8, far_context=0, reps=4,
+                   stat=stat)["d"]  # fmt: skip
+    assert prof.target_ms == (7.0,) * 4 and prof.drafter_ms == (7.0,) * 3
+    assert prof.prefill_ms_per_token == 7.0 and set(seen) == {4}

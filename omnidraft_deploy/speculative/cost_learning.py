@@ -23,7 +23,7 @@ Arithmetic only: the decoder passes in the milliseconds it measured (``Speculati
 
 Opt-in (``DecodeConfig.learn_costs``), not ``run``'s default: on the 1.5B pair, timed side by side
 with the same row priced by the profile as measured, it read +8% in one run whose profile had
-been taken in another machine state and between -3.4% and +2.0% in five others
+been taken in another machine state and between -3.4% and +2.0% in six others
 (``reports/real_pair_1p5b_s10*``, row ``ours_hybrid_smollm2_kd_learn``; in the run where it lost
 most it made 103 plain steps against 33). Not shown to pay, it is not the default
 (docs/results/decoding.md).

@@ -206,8 +206,8 @@ class SpeculativeDecoder:
         """``profile`` (``cost.CostProfile``): choose per step between drafter drafts, ``lookup``
         drafts and none by measured cost (``hybrid``); ``drafter`` None: lookup only. With
         ``config.learn_costs``: price drafts with the latencies the loop pays, learned by
-        ``costs`` (a served session passes its own, kept across requests) or by a new learner
-        over the profile."""
+        ``costs`` (one a caller keeps across requests; ``run`` / ``serve`` do not learn, see
+        ``cost_learning``) or by a new learner over the profile."""
         self.target, self.mapper, self.cfg = target, mapper, config
         self.drafter = make_proposer(drafter, mapper, policy, mode=config.mode,
                                      target_vocab=target.vocab_size, temperature=config.temperature,

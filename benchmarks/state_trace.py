@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common.report import meta_lines, run_meta, write_report
+from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
 from omnidraft_deploy.protocols import last_logits
 
 OUT = Path("reports/state_trace")
@@ -64,8 +64,7 @@ def trace(a: argparse.Namespace) -> None:
         time.sleep(a.every)
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "bundle": str(a.bundle),
                "width": a.width, "position": a.position, "calls": a.calls, "points": points}  # fmt: skip
-    write_report(OUT / a.name, payload, markdown=_md)
-    _plot(payload, OUT / f"{a.name}.png")
+    write_report(OUT / a.name, payload, markdown=_md, plot=_plot)
 
 
 def _md(p: dict[str, Any]) -> str:
@@ -80,12 +79,8 @@ def _md(p: dict[str, Any]) -> str:
     return "\n".join(head + rows) + "\n"
 
 
-def _plot(p: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(p: dict[str, Any], out: Path) -> Path:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     s = [q["s"] for q in p["points"]]
     ax.plot(s, [q["t1_ms"] for q in p["points"]], "o-", label="T=1")
@@ -95,8 +90,7 @@ def _plot(p: dict[str, Any], out: Path) -> None:
     ax.set_title(f"target call latency over time: {p['bundle']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -108,20 +108,20 @@ def measure(target: CausalLM, drafters: dict[str, CausalLM], *, k_max: int = 8,
         host.append(_timed(lambda: _host_step(logits)))
     lookup_ms = statistics.median(_timed(lambda: look.propose(k_max)) for _ in range(50))
 
-    def med(name: str, widths: Iterable[int]) -> tuple[float, ...]:
+    def summary(name: str, widths: Iterable[int]) -> tuple[float, ...]:
         return tuple(stat(times[(name, t)]) for t in widths)
 
-    target_ms = med("", range(1, k_max + 2))
+    target_ms = summary("", range(1, k_max + 2))
     prefill = stat(times[("prefill", context)])
     common: dict[str, Any] = {"target_ms": target_ms, "lookup_ms": lookup_ms,
                               "overhead_ms": statistics.median(host),
                               "prefill_ms_per_token": prefill, "context": context}  # fmt: skip
     if far:
-        common |= {"far_context": far, "target_ms_far": med("far", range(1, k_max + 2))}
+        common |= {"far_context": far, "target_ms_far": summary("far", range(1, k_max + 2))}
     out = {"": CostProfile(**common)}
     for name in drafters:
         dpre = stat(times[(f"prefill:{name}", context)])
-        out[name] = CostProfile(drafter_ms=med(name, (1, 2, 3)),
+        out[name] = CostProfile(drafter_ms=summary(name, (1, 2, 3)),
                                 drafter_prefill_ms_per_token=dpre, **common)  # fmt: skip
     return out
 

@@ -13,11 +13,12 @@ one state drafts wrongly in the other.
 gives the ratio of its mean call to ``profile.drafter(1)`` (its catch-up calls of 2-3 tokens
 included: what a drafted token costs in the loop). Each ratio is clipped to ``[1/CLIP, CLIP]`` (one
 preempted call must not swing the policy) and folded into an exponential moving average per width
-(``weight`` each, starting from the profile's own figure). ``profile()`` is the measured profile with each width's latencies (near and far)
-scaled by its ratio; a width never observed takes the ratio interpolated between the nearest
-observed widths (a state change moves neighbouring widths alike), the drafter its own. What the
-learner never touches: the host overhead, lookup and prefill figures (they are not on the loop's
-per-step path or are measured in it already) and the fingerprint.
+(``weight`` each, starting from the profile's own figure). ``profile()`` is the measured profile
+with each width's latencies (near and far) scaled by its ratio; a width never observed takes the
+ratio interpolated between the nearest observed widths (a state change moves neighbouring widths
+alike), the drafter its own. What the learner never touches: the host overhead, lookup and
+prefill figures (they are not on the loop's per-step path or are measured in it already) and the
+fingerprint.
 
 Arithmetic only: the decoder passes in the milliseconds it measured (``SpeculativeDecoder``).
 
@@ -32,6 +33,8 @@ most it made 103 plain steps against 33). Not shown to pay, it is not the defaul
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from omnidraft_deploy.speculative.cost import CostProfile
 
@@ -80,18 +83,8 @@ class CostLearner:
         seen = [(i, r) for i, r in enumerate(self.target_ratio) if r is not None]
         if not seen:
             return [1.0] * len(self.target_ratio)
-        out = []
-        for i, r in enumerate(self.target_ratio):
-            if r is not None:
-                out.append(r)
-                continue
-            lo = max(((j, q) for j, q in seen if j < i), default=None)
-            hi = min(((j, q) for j, q in seen if j > i), default=None)
-            if lo is None or hi is None:
-                out.append((lo or hi)[1])  # type: ignore[index]
-            else:
-                out.append(lo[1] + (hi[1] - lo[1]) * (i - lo[0]) / (hi[0] - lo[0]))
-        return out
+        xs, ys = zip(*seen, strict=True)
+        return [float(v) for v in np.interp(range(len(self.target_ratio)), xs, ys)]
 
     def profile(self) -> CostProfile:
         """The base profile with the learned ratios applied (the base itself before any

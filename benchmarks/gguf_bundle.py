@@ -7,7 +7,9 @@
 
 - ``top1``: ``checks.parity.parity`` (the export's verification: prefill, greedy single steps and
   a rollback, every row compared) of the reloaded target graph against the eager fp32 model (the
-  preset's GGUF dequantised) on ``--prompts`` shipped prompts (``exporters.verify.prompt_ids``).
+  preset's GGUF dequantised) on ``--prompts`` shipped prompts (``exporters.verify.prompt_ids``);
+  with ``--gguf``, llama.cpp's own logits for the same calls too (what the tool users pick today
+  reaches against the same reference).
   Loads the eager model: run under ``flock /tmp/omnidraft-bigmem.lock`` for 1.5B targets.
 - ``rows``: per prompt, greedy target-only decode with 1-token calls keeping each row, then the
   same text re-scored in ``--width``-token calls (a verification call's shape): rows not bitwise
@@ -47,7 +49,11 @@ def target_info(bundle: Path) -> GraphInfo:
     return manifest.graphs["target"]
 
 
-def top1(bundle: Path, n_prompts: int) -> dict[str, Any]:
+def top1(bundles: list[Path], n_prompts: int, gguf: Path | None = None, threads: int = 2
+         ) -> list[dict[str, Any]]:  # fmt: skip
+    """``parity`` of each bundle's target graph, and with ``gguf`` of llama.cpp's own logits
+    for the same rows (the tool a CPU user picks today, as the bar's yardstick), against one
+    eager fp32 reference (the preset's GGUF dequantised) on ``n_prompts`` shipped prompts."""
     from omnidraft_deploy.exporters.verify import EAGER_THREADS, artifact_step, prompt_ids
 
     from omnidraft_deploy.catalog.presets import get_preset
@@ -55,11 +61,41 @@ def top1(bundle: Path, n_prompts: int) -> dict[str, Any]:
     from omnidraft_deploy.resolve.load import load_model
     from omnidraft_deploy.speculative.decoder import torch_threads
 
-    info = target_info(bundle)
+    infos = [target_info(b) for b in bundles]
+    if len({(i.preset, i.max_seq_len) for i in infos}) != 1:
+        raise SystemExit("top1: the bundles' targets differ in preset or context; one at a time")
+    info = infos[0]
     model = load_model(get_preset(info.preset), max_seq_len=info.max_seq_len)
     prompts = prompt_ids(info.tokenizer, info.vocab_size, n=n_prompts)
+    out: list[dict[str, Any]] = []
     with torch_threads(EAGER_THREADS):
-        return parity(artifact_step(bundle / info.file, info), eager_step(model), prompts)
+        for b, i in zip(bundles, infos, strict=True):
+            got = parity(artifact_step(b / i.file, i), eager_step(model), prompts)
+            out.append({"bundle": str(b), "quantization": i.quantization, **got})
+        if gguf is not None:
+            got = parity(llamacpp_step(gguf, threads, info.vocab_size), eager_step(model), prompts)
+            out.append({"bundle": f"llama.cpp {gguf.name}", "quantization": "gguf", **got})
+    return out
+
+
+def llamacpp_step(gguf: Path, threads: int, vocab: int) -> Any:
+    """A ``checks.parity`` step over llama.cpp: ``(ids (T,), start) -> logits (T, V)``, its KV
+    cache cut back to ``start`` first (``Llama.eval`` drops what lies beyond ``n_tokens``)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, logits_all=True, verbose=False)  # fmt: skip
+    if llm.n_vocab() != vocab:
+        raise SystemExit(
+            f"{gguf.name}: llama.cpp's vocabulary {llm.n_vocab()} != the graph's {vocab}"
+        )
+
+    def step(token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        llm.n_tokens = start_pos
+        llm.eval([int(t) for t in token_ids])
+        return torch.tensor(llm.scores[start_pos : start_pos + len(token_ids)])
+
+    return step
 
 
 def ort_model(bundle: Path, threads: int) -> Any:
@@ -203,12 +239,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--gguf", type=Path, help="speed: also time llama.cpp's decode of this GGUF")
+    ap.add_argument("--gguf", type=Path, help="top1 / speed / prefill: llama.cpp on this GGUF too")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load0, t0 = os.getloadavg(), time.time()
     if a.what == "top1":
-        result: Any = [top1(b, a.prompts) for b in a.bundle]
+        result: Any = top1(a.bundle, a.prompts, a.gguf, a.threads)
     elif a.what == "rows":
         result = [rows(b, a.prompts, a.width, a.tokens, a.threads) for b in a.bundle]
     elif a.what == "speed":

@@ -91,7 +91,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {r['run']} | {r['utc_start']} | {r['drafter_bundle']} | {r['profile_t1_ms']} / "
             f"{r['profile_t9_ms']} ({r['profile_stat']}) | {r['target_only_ms_per_token']} | "
-            f"{r['best']} | {r['best_speedup']:.2f}x | {r['best_tokens_per_s']} | "
+            f"{r['best']} | {r['best_speedup']:.3f}x | {r['best_tokens_per_s']} | "
             f"{r['identical']} |"
         )
     return "\n".join(lines) + "\n"

@@ -146,3 +146,33 @@ def test_a_report_is_rendered_from_its_json(tmp_path: Path) -> None:
     assert meta["command"] in md and meta["revision"] in md and "9.00 8.00 7.00" in md
     assert f"{os.cpu_count()} CPUs" in md and "threads: 2" in md
     assert (tmp_path / "x" / "bench.png").read_text() == "png"
+
+
+def _pair_report(root: Path, name: str, command: str, speedup: float, target_s: float) -> None:
+    """A committed ``real_pair_bundle`` report, reduced to what ``run_spread`` reads."""
+    row = {"speedup": speedup, "tokens_per_s": 30.0, "wall_s": 1.0, "tokens": 64,
+           "identical_n": 20, "prompts": 20}  # fmt: skip
+    data = {"chunks": [{"command": command, "utc_start": f"2026-11-28 {name[-2:]}:00:00"}],
+            "best_configuration": "ours_hybrid",
+            "summary": {"ours_hybrid": {"overall": row},
+                        "ours_target": {"overall": {**row, "wall_s": target_s}}},
+            "profiles": {"": {"target_ms": [30.0 + i for i in range(9)]}}}  # fmt: skip
+    (root / name).mkdir(parents=True)
+    (root / name / f"{name}.json").write_text(json.dumps(data))
+
+
+def test_the_spread_keeps_one_protocol_and_reads_its_state(tmp_path: Path) -> None:
+    from benchmarks import run_spread
+
+    base = "python -m benchmarks.real_pair_bundle run --per-task 4 --max-new-tokens 64"
+    _pair_report(tmp_path, "rp_s12", f"{base} --prompt-cache system --kd-bundle b/kd", 1.6, 2.8)
+    _pair_report(tmp_path, "rp_s10", f"{base} --prompt-cache system --profile-stat mean", 1.3, 2.3)
+    _pair_report(tmp_path, "rp_s11", f"{base} --reps 5", 1.5, 2.6)  # no prompt cache: left out
+    runs = run_spread.collect(tmp_path, "rp_s", "4", "64", "system")
+    assert [r["run"] for r in runs] == ["rp_s10", "rp_s12"]  # by start time, one protocol
+    assert runs[1]["drafter_bundle"] == "b/kd" and runs[0]["profile_stat"] == "mean"
+    assert runs[1]["target_only_ms_per_token"] == pytest.approx(1e3 * 2.8 / 64, abs=0.05)
+    assert (runs[1]["profile_t1_ms"], runs[1]["profile_t9_ms"]) == (30.0, 38.0)
+    md = run_spread.markdown({"meta": {}, "protocol": "p", "runs": runs})
+    assert "best row 1.30x-1.60x" in md and "| rp_s12 |" in md and "1.600x" in md
+    assert run_spread.option("a --name x --prompt-cache=system", "--prompt-cache") == "system"

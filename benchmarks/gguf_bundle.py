@@ -81,10 +81,7 @@ def top1(bundles: list[Path], n_prompts: int, gguf: Path | None = None, threads:
 def llamacpp_step(gguf: Path, threads: int, vocab: int) -> Any:
     """A ``checks.parity`` step over llama.cpp: ``(ids (T,), start) -> logits (T, V)``, its KV
     cache cut back to ``start`` first (``Llama.eval`` drops what lies beyond ``n_tokens``)."""
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, logits_all=True, verbose=False)  # fmt: skip
+    llm = llama(gguf, threads, logits_all=True)
     if llm.n_vocab() != vocab:
         raise SystemExit(
             f"{gguf.name}: llama.cpp's vocabulary {llm.n_vocab()} != the graph's {vocab}"

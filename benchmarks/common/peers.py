@@ -191,13 +191,14 @@ def genai_method(threads: int, max_new: int, folder: Path) -> Any:
     return run
 
 
-def llama(gguf: Path, threads: int) -> Any:
+def llama(gguf: Path, threads: int, *, logits_all: bool = False) -> Any:
     """llama.cpp on ``gguf`` as every benchmark here runs it: ``threads`` for decode and batches,
-    a 1024-token context, prompts in one batch of up to 512."""
+    a 1024-token context, prompts in one batch of up to 512; ``logits_all`` keeps every row's
+    logits in ``scores`` (accuracy checks), not the last one alone."""
     from llama_cpp import Llama
 
     return Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                 n_batch=512, verbose=False)  # fmt: skip
+                 n_batch=512, logits_all=logits_all, verbose=False)  # fmt: skip
 
 
 def llamacpp_method(gguf: Path, threads: int, max_new: int, *, keep: int = 0) -> Any:

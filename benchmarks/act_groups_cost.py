@@ -1,6 +1,6 @@
 """What activation groups (``exporters.xnnpack.act_groups``) cost one 4-bit linear in XNNPACK.
 
-    /work/tools/quiet.sh python -m benchmarks.act_groups_cost --threads 2 \
+    python -m benchmarks.act_groups_cost --threads 2 \
         --out reports/xnnpack_gguf4/act_groups_cost.json
 
 Each case is one ``Int4GroupLinear`` on random Q4_K-like codes (groups of 32, the 1.5B's

@@ -10,8 +10,10 @@ the model as one graph (role ``target``) into a temporary folder with the backen
 exporter, then reloads it (ONNX Runtime / ExecuTorch Runtime) and compares its logits with eager
 PyTorch over real prompts encoded with the model's own tokenizer (``exporters.verify``: prefill,
 single-token steps, a rollback). Peak RSS is the sampled peak of this process during the stage.
-Writes ``reports/export_report/export_report.json`` and the ``.md`` rendered from it
-(``render_reports.export_report_md``, as ``make reports`` does).
+Writes ``reports/local/export_report/export_report.json`` (``--out``) and the ``.md`` rendered from
+it (``render_reports.export_report_md``, as ``make reports`` does); a run a page cites is folded into
+``reports/export_report/runs.json`` (``python -m benchmarks.common.runs_index reports/export_report
+<json>``).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def main() -> None:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
     ap.add_argument("--max-seq-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="reports/export_report/export_report")
+    ap.add_argument("--out", default="reports/local/export_report/export_report")
     ap.add_argument("--htp", action="store_true", help="qnn: also measure parity on the HTP")
     ap.add_argument("--prompts", type=int, default=3, help="shipped prompts parity reads")
     args = ap.parse_args()

@@ -13,7 +13,8 @@ finds them in; nothing else is changed. Between requests it calls ``session.prep
 server does after each reply (where the code has it). The client's side (process start, imports, connect) is
 ``benchmarks.run_stats``'s figure minus this one.
 
-Writes ``reports/run_stats/<name>_first_text.{json,md}``.
+Writes ``reports/local/run_stats/<name>_first_text.{json,md}``; one a page cites is folded into
+``reports/run_stats/runs.json`` (``python -m benchmarks.common.runs_index reports/run_stats <json>``).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {**run_meta(threads=a.threads, argv=argv, load_avg_start=load0),
             "bundle": str(a.bundle), "prompt": PALINDROME, "max_new_tokens": a.max_new_tokens}  # fmt: skip
     payload = {"meta": meta, **found}
-    write_report(Path("reports/run_stats") / f"{a.name}_first_text", payload, markdown=_markdown)
+    write_report(Path("reports/local/run_stats") / f"{a.name}_first_text", payload, markdown=_markdown)
     print(_markdown(payload))
 
 

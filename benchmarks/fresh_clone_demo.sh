@@ -12,8 +12,8 @@
 # start empty, so every first-run cost is paid; only the downloaded assets are reused (the cache's
 # assets/ folder, linked: `make demo` fetches the two GGUFs, 570 MB, when they are missing).
 # Each recipe line's wall time is printed after it ("fresh_clone_demo: step ... s": make runs its
-# lines through a timing shell). Run it alone (on this project's shared machine: under
-# /work/tools/quiet.sh and the big-memory flock). The clone and its caches are deleted at the end.
+# lines through a timing shell). Run it alone (on a shared machine: with every other process
+# paused, under the big-memory flock). The clone and its caches are deleted at the end.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 repo=${1:-$here}

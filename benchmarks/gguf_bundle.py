@@ -2,8 +2,8 @@
 
     PYTHONPATH=$PWD python -m benchmarks.gguf_bundle top1 --bundle B --out F.json
     PYTHONPATH=$PWD python -m benchmarks.gguf_bundle rows --bundle B --out F.json
-    /work/tools/quiet.sh python -m benchmarks.gguf_bundle speed --bundle B [B2 ...] --threads 2 --out F.json
-    /work/tools/quiet.sh python -m benchmarks.gguf_bundle prefill --bundle B --gguf G --out F.json
+    python -m benchmarks.gguf_bundle speed --bundle B [B2 ...] --threads 2 --out F.json
+    python -m benchmarks.gguf_bundle prefill --bundle B --gguf G --out F.json
 
 - ``top1``: ``checks.parity.parity`` (the export's verification: prefill, greedy single steps and
   a rollback, every row compared) of the reloaded target graph against the eager fp32 model (the

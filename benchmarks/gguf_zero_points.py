@@ -13,7 +13,7 @@ them (``q6k_rounded_block32``, what ``gguf4`` ships), on a down_proj and the out
 
 Error: max and RMS of ``y - x @ w.T`` relative to the RMS of ``x @ w.T`` (float64 on the GGUF's
 dequantised weights), x from a fixed normal draw. Speed: median ms per call, T = 1 and T = 5,
-``--threads`` intra-op threads. Run under /work/tools/quiet.sh:
+``--threads`` intra-op threads. Run with every other process paused:
 
     PYTHONPATH=$PWD python -m benchmarks.gguf_zero_points --threads 2 --out reports/quant_gguf
 """

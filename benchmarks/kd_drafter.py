@@ -22,7 +22,9 @@ Three steps, each resumable from the files of the one before (``.bench/kd/<name>
     python -m benchmarks.kd_drafter train --drafter smollm2-135m --target qwen2.5-1.5b
     python -m benchmarks.kd_drafter agree --bundle bundles/q15-byom --drafter smollm2-135m
 
-Report: ``reports/kd_drafter/<name>.{json,md}`` (command, revision, machine, load average).
+Report: ``reports/local/kd_drafter/<name>.{json,md}`` (command, revision, machine, load average);
+one a page cites is folded into ``reports/kd_drafter/runs.json`` as a row
+(``python -m benchmarks.common.runs_index reports/kd_drafter <json>``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from omnidraft_deploy.distill.data import DataConfig, build_corpus, split
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
-WORK, OUT = Path(".bench/kd"), Path("reports/kd_drafter")
+WORK, OUT = Path(".bench/kd"), Path("reports/local/kd_drafter")
 
 
 def _requests(per_task: int, seed: int) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@
     python -m benchmarks.probes_1p5b policies --bundle bundles/q15-w8a8 --policies myopic,lookahead,current
 
 Reports: ``reports/probes_1p5b/<probe>.{json,md}`` (command, revision, machine, load average).
-Run under ``quiet.sh``; these are probes, not the benchmark (``benchmarks.real_pair_bundle``).
+Run with every other process paused; these are probes, not the benchmark (``benchmarks.real_pair_bundle``).
 """
 
 from __future__ import annotations

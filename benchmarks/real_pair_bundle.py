@@ -31,7 +31,9 @@ graphs, map and n-gram cache, with ``host_threads = 1`` as ``run`` sets it. Rows
 ``--modes exact`` adds ``*_t07`` rows: ``exact`` sampling at temperature 0.7 (seeded), compared by
 tokens/s, since sampled outputs differ between runs. Every prompt runs every method round-robin
 (``common.timer.run_side_by_side``), the load average is recorded at start and end; ``report``
-writes ``reports/<name>/<name>.{json,md}`` and a plot per task (``real_pair_report``).
+writes ``reports/local/<name>/<name>.{json,md}`` and a plot per task (``real_pair_report``); a run a
+page cites becomes a row of the benchmark's index, ``reports/real_pair_1p5b/runs.json``
+(``python -m benchmarks.run_spread add reports/local/<name>/<name>.json``).
 """
 
 from __future__ import annotations
@@ -318,11 +320,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", default="real_pair_1p5b")
-    p.add_argument("--out-dir", default="reports")
+    p.add_argument("--out-dir", default="reports/local")
     p = sub.add_parser("report")
     p.add_argument("--name", default="real_pair_1p5b")
     p.add_argument("--chunk-dir", default=".bench/real_pair_bundle")
-    p.add_argument("--out-dir", default="reports")
+    p.add_argument("--out-dir", default="reports/local")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if a.verb == "report":

@@ -9,6 +9,8 @@ Kinds (the folder names the kind):
 - export_report, batch_invariance, matmul_kernels, fuzz: md rendered from the JSON.
 - real_pair, runtime_speed, early_exit: png rendered; md kept as written, because it also holds
   what the JSON does not (the cost model's terms, the run's notes, the exact command).
+- ``runs.json``: an index of repeated runs (``common.runs_index``; ``real_pair_1p5b``'s is
+  ``run_spread``'s): ``runs.md`` rendered from it (and ``runs.png`` for the real-pair index).
 Every other md/png (no JSON beside it) is listed as "md kept as written".
 
 Each rendered md names the command, machine and load average where the JSON records them, and
@@ -27,7 +29,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import runs_index
+from benchmarks.common.machine import describe
 from benchmarks.common.report import pyplot, save_figure
+from benchmarks.common.runs_index import meta_line
 
 TASKS = ("math", "code", "chat", "summarisation", "code_edit")  # their order in the plots
 MD_FROM_JSON = ("export_report", "batch_invariance", "matmul_kernels", "fuzz")
@@ -127,8 +132,8 @@ def _export_cells(r: dict[str, Any]) -> list[str]:
 
 
 def _machine(v: Any) -> str | None:
-    """A machine as a run recorded it: ``{"cpu", "cpus"}`` (``common.report.machine``) or text."""
-    return f"{v.get('cpu')}, {v.get('cpus')} CPUs" if isinstance(v, dict) else v
+    """A machine as a run recorded it: ``{"cpu", "cpus", "flags"}`` (``common.machine``) or text."""
+    return describe(v) if isinstance(v, dict) else v
 
 
 def batch_invariance_md(d: dict[str, Any], src: Path) -> str:
@@ -275,11 +280,55 @@ PNG: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
 }  # fmt: skip
 
 
+def _demoted(md: str) -> str:
+    """A report's own Markdown as a section of an index page (its headings one level down)."""
+    return "\n".join("#" + ln if ln.startswith("#") else ln for ln in md.splitlines())
+
+
+def run_stats_section(name: str, row: dict[str, Any]) -> str:
+    if "requests" in row:  # benchmarks.first_text
+        from benchmarks.first_text import _markdown
+
+        return _demoted(_markdown(row))
+    from benchmarks.run_stats import TABLE_HEAD, _row
+
+    m = row["meta"]
+    lines = [meta_line(row), "", f"Bundle {m.get('bundle')}, prompt {m.get('prompt')!r}, "
+             f"{m.get('max_new_tokens')} new tokens; {'served' if 'in_process' in row else 'in-process'} "
+             "runs, each a fresh `omnidraft run` process.", "", *TABLE_HEAD]  # fmt: skip
+    lines += [_row(str(i), r) for i, r in enumerate(row["runs"], 1)]
+    if "in_process" in row:
+        lines.append(_row("in-process", row["in_process"]))
+    return "\n".join(lines) + "\n"
+
+
+def kd_drafter_section(name: str, row: dict[str, Any]) -> str:
+    from benchmarks.kd_drafter import _agree_md, _train_md
+
+    return _demoted((_agree_md if name.endswith("_agree") else _train_md)(row))
+
+
+def export_report_section(name: str, row: dict[str, Any]) -> str:
+    return _demoted(export_report_md(row, Path("runs.json")))
+
+
+# index folders (reports/<benchmark>/runs.json, benchmarks/common/runs_index.py) whose rows have
+# a renderer of their own; the others show each row's figures as JSON
+RUNS_SECTIONS: dict[str, runs_index.Section] = {
+    "run_stats": run_stats_section, "kd_drafter": kd_drafter_section,
+    "export_report": export_report_section,
+}
+
+
 def render(reports: Path) -> tuple[list[Path], list[Path]]:
-    """Render every JSON of a known kind; return (written files, files kept as written)."""
+    """Render every JSON of a known kind and every runs index; return (written files, files kept
+    as written)."""
     written: list[Path] = []
     for src in sorted(reports.glob("*/*.json")):
         kind = src.parent.name
+        if src.name == "runs.json":
+            written += _render_index(src)
+            continue
         data = json.loads(src.read_text("utf-8"))
         if kind in MD:
             md = src.with_suffix(".md")
@@ -291,6 +340,18 @@ def render(reports: Path) -> tuple[list[Path], list[Path]]:
     kept = [p for p in sorted(reports.glob("*/*")) if p.suffix in (".md", ".png", ".txt")
             and p not in done]  # fmt: skip
     return written, kept
+
+
+def _render_index(src: Path) -> list[Path]:
+    if src.parent.name == "real_pair_1p5b":  # the real-pair index has its own table and plot
+        from benchmarks import run_spread
+
+        data = json.loads(src.read_text("utf-8"))
+        md, png = src.with_suffix(".md"), src.with_suffix(".png")
+        md.write_text(run_spread.markdown(data), "utf-8")
+        run_spread.plot(data, png)
+        return [md, png]
+    return [runs_index.render(src.parent, RUNS_SECTIONS.get(src.parent.name))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,12 +9,14 @@ host overhead).
     python -m benchmarks.run_stats --bundle bundles/q15-w8a8 --runs 3 --name palindrome
 
 ``--serve``: starts ``omnidraft serve`` on a fresh state folder first (a child of this command,
-so ``tools/quiet.sh`` pauses neither it nor the runs), records its start-up time (open, cost
+so a tool that pauses every other process pauses neither it nor the runs), records its start-up time (open, cost
 profile, warm-up) once it prints "serving", then times the runs as clients of it (the server's
 ``-v`` log must count one served request per run), then one ``--no-server`` run on the same
-state folder for comparison; ``reports/run_stats/<name>_serve.{json,md}``.
+state folder for comparison; ``reports/local/run_stats/<name>_serve.{json,md}``.
 
-Writes ``reports/run_stats/<name>.{json,md}`` (command, git revision, CPU, load average).
+Writes ``reports/local/run_stats/<name>.{json,md}`` (command, git revision, CPU, load average); a
+run a page cites is folded into ``reports/run_stats/runs.json`` as a row
+(``python -m benchmarks.common.runs_index reports/run_stats <json>``).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def serve_main(a: argparse.Namespace) -> None:
             "state folder.\n", *TABLE_HEAD]  # fmt: skip
     rows += [_row(str(i), r) for i, r in enumerate(runs, 1)] + [_row("in-process", local)]
     rows += ["", "Text of the last served run:", "", "```", runs[-1]["text"].strip(), "```"]
-    write_report(Path("reports/run_stats") / f"{a.name}_serve",
+    write_report(Path("reports/local/run_stats") / f"{a.name}_serve",
                  {"meta": meta, "runs": runs, "in_process": local},
                  markdown=lambda _: "\n".join(rows) + "\n")  # fmt: skip
     print("\n".join(rows))
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
                   file=sys.stderr)  # fmt: skip
     meta = {**run_meta(threads=None, load_avg_start=load0), "bundle": str(a.bundle),
             "prompt": a.prompt, "max_new_tokens": a.max_new_tokens}  # fmt: skip
-    out = Path("reports/run_stats")
+    out = Path("reports/local/run_stats")
     out.mkdir(parents=True, exist_ok=True)
     rows = [f"# `omnidraft run --stats` on {a.bundle}\n", *meta_lines(meta),
             f"Prompt (chat template): {a.prompt!r}, {a.max_new_tokens} new tokens; one state "

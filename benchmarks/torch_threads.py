@@ -1,7 +1,7 @@
 """Torch threads beside one busy process: a pretraining step and a distillation step (issue 28).
 
     .venv/bin/python -m benchmarks.torch_threads [--pretrain-steps 12] [--updates 3] \
-        [--out reports/torch_threads]    # under /work/tools/quiet.sh for figures
+        [--out reports/torch_threads]    # under for figures
 
 Each workload runs the product's own loop, timed per step, alone and beside one busy process
 (``python -c 'while True: pass'``, started and stopped here), under three thread settings:

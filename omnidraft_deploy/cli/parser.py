@@ -200,7 +200,9 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     p.add_argument("--role", choices=[r.value for r in Role])
     p = _verb(sub, "assets", "fetch / list pinned offline assets", handlers, common)
     p.add_argument("action", choices=["fetch", "list"])
-    p.add_argument("--models", action="store_true", help="also the real SmolLM2/Qwen2.5 GGUFs")
+    p.add_argument("--models", nargs="*", metavar="PRESET", default=None,
+                   help="also the real GGUFs: every one, or only the named presets' (e.g. "
+                   "--models qwen2.5-0.5b smollm2-135m)")  # fmt: skip
     p = _verb(sub, "generate", "speculative generation with eager models", handlers, common)
     add_decode_flags(p)
     p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)

@@ -56,6 +56,21 @@ def test_registry_is_loud_and_pins_everything() -> None:
     assert len(assets.ASSETS["qwen2.5-0.5b-gguf"].sources) == 6
 
 
+def test_make_demo_fetches_only_its_presets_models_under_700_mb(cache: Path) -> None:
+    """``make demo`` runs ``assets fetch --models $(DEMO_TARGET) $(DEMO_DRAFTER)``: the default
+    assets plus those two presets' GGUFs, not the 1.5B; an empty cache downloads all of it."""
+    demo = ["qwen2.5-0.5b", "smollm2-135m", "tiny-llama3-8b"]  # a tiny twin adds no asset
+    assert assets.preset_models(demo) == ["qwen2.5-0.5b-gguf", "smollm2-135m-gguf"]
+    with pytest.raises(KeyError, match="choose from"):
+        assets.preset_models(["no-such-preset"])
+    names = [n for n, a in assets.ASSETS.items() if not a.optional] + assets.preset_models(demo)
+    plan = dict(assets.download_plan(names))
+    assert "qwen2.5-1.5b-gguf" not in plan and set(plan) == set(names)
+    assert 600e6 < sum(plan.values()) < 700e6
+    everything = dict(assets.download_plan(include_models=True))
+    assert sum(everything.values()) > 1.6e9  # what a bare --models fetches
+
+
 def test_missing_asset_names_the_fetch_command(cache: Path) -> None:
     with pytest.raises(AssetError, match="omnidraft assets fetch"):
         assets.asset_path("vocab-llama-spm-gguf")

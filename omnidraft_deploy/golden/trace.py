@@ -16,6 +16,12 @@ Why the decisions depend only on recorded data (so a trace is a complete test ve
   other rows are returned as NaN and recorded as null, so a reader that used them would fail.
 * Uniform draws: ``record_uniforms`` observes every ``torch.rand`` call of the sampling and
   verification code and records the value; a replay consumes them in order instead of an RNG.
+* Costs: a ``cost`` trace decodes as ``omnidraft run`` does with a measured profile
+  (``runtime/run.py`` ``bundle_decoder``: ``CostAwareDraftLen`` up to 2 * ``draft_len``, lookup
+  proposals beside the drafter, ``HybridProposer``), with fixed costs recorded in the trace
+  (``cost_profile``) instead of a measurement, so both sides price every step alike. Each step's
+  choice is recorded too (``record_steps``): source, proposals, lookup candidate, accept count and
+  the estimates that steer the next choice.
 
 Trace file (``<name>.json.gz``): see ``record_pair``; arrays of ids are JSON lists, logits rows are
 ``{"idx": b64 <i4, "val": b64 <f4}`` (the top-k ids and their float32 logits, descending).
@@ -25,7 +31,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +46,12 @@ from omnidraft_deploy.cli.streaming import TextStreamer
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen, HeuristicDraftLen
-from omnidraft_deploy.speculative.drafter import Mode
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, make_policy
+from omnidraft_deploy.speculative.drafter import Mode, Proposal
+from omnidraft_deploy.speculative.hybrid import HybridProposer
+from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 TRACE_FORMAT = 1
@@ -99,12 +110,42 @@ def record_uniforms(draws: list[float]) -> Iterator[None]:
         torch.rand = real  # type: ignore[assignment]
 
 
+def record_steps(hybrid: HybridProposer, steps: list[dict[str, Any]]) -> None:
+    """Append one record per step of ``hybrid`` to ``steps``: the proposals and their source, the
+    lookup candidate (ids, matched n-gram length) it weighed, the accept count, and after the
+    commit the estimates the next choice reads (the drafter's acceptance rate, token value and
+    acceptance head; the lookup acceptance of this step's match)."""
+    propose, commit = hybrid.propose, hybrid.commit
+    policy = hybrid.model.policy if hybrid.model is not None else None
+
+    def recorded_propose(generator: torch.Generator | None) -> Proposal:
+        look = hybrid.lookup  # propose is pure: asking it first changes nothing
+        cand, match = look.propose(hybrid.k_max) if look is not None else ([], 0)
+        prop = propose(generator)
+        steps.append({"proposal": list(prop.target_ids), "n_drafted": prop.n_drafted,
+                      "lookup": cand, "match": match})  # fmt: skip
+        return prop
+
+    def recorded_commit(proposal: Proposal, n_accepted: int, next_id: int) -> None:
+        commit(proposal, n_accepted, next_id)
+        step = steps[-1]
+        step |= {"source": hybrid.trace[-1].source, "accepted": n_accepted,
+                 "lookup_rate": hybrid.lookup_rate.get(step["match"], hybrid.prior)}  # fmt: skip
+        if isinstance(policy, CostAwareDraftLen):
+            step |= {"rate": policy.rate, "value": policy.value,
+                     "weights": [float(w) for w in policy.weights]}  # fmt: skip
+
+    hybrid.propose = recorded_propose  # type: ignore[method-assign]
+    hybrid.commit = recorded_commit  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class TraceConfig:
     name: str  # file stem
     mode: Mode = Mode.GREEDY
     temperature: float = 0.0
-    policy: str = "fixed"  # "fixed" | "heuristic"
+    # "fixed" | "heuristic" | "cost": the runtime's decoder with a cost profile (module docstring)
+    policy: str = "fixed"
     draft_len: int = 4
     max_new_tokens: int = 24
     topk: int = 32
@@ -112,14 +153,24 @@ class TraceConfig:
     cache_policy: str = "lru"
     cache_max_entries: int = 64  # small, so that eviction happens within a trace
     prompts: tuple[str, ...] = field(default_factory=tuple)
+    profile: CostProfile | None = None  # the fixed costs of a "cost" trace
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fixed", "heuristic", "cost"):
+            choose = "choose from ['cost', 'fixed', 'heuristic']"
+            raise KeyError(f"trace policy {self.policy!r}; {choose}")
+        if (self.policy == "cost") != (self.profile is not None):
+            raise ValueError(f"a cost profile goes with the cost policy only, got {self.policy!r}")
 
 
-def _policy(cfg: TraceConfig) -> FixedDraftLen | HeuristicDraftLen:
-    if cfg.policy == "fixed":
-        return FixedDraftLen(cfg.draft_len)
-    if cfg.policy == "heuristic":
-        return HeuristicDraftLen(cfg.draft_len)
-    raise KeyError(f"trace policy {cfg.policy!r}; choose from ['fixed', 'heuristic']")
+def _decoder(cfg: TraceConfig, target: CausalLM, drafter: CausalLM, mapper: VocabMapper,
+             cache: NGramCache, config: DecodeConfig) -> SpeculativeDecoder:  # fmt: skip
+    """The decoder of ``cfg``; a cost trace's is ``runtime.run.bundle_decoder``'s with a profile."""
+    policy = make_policy(cfg.policy, cfg.draft_len, cfg.profile)
+    if cfg.profile is None:
+        return SpeculativeDecoder(target, drafter, mapper, policy, cache, config=config)
+    return SpeculativeDecoder(target, drafter, mapper, policy, cache, config=config,
+                              lookup=LookupProposer(), profile=cfg.profile)  # fmt: skip
 
 
 def record_pair(
@@ -143,14 +194,11 @@ def record_pair(
         eos_ids=tuple(mapper.target_eos),
         vocab_limit=mapper.target_vocab_size,
     )
-    dec = SpeculativeDecoder(
-        TraceLM(target, "target", cfg.topk, calls),
-        TraceLM(drafter, "drafter", cfg.topk, calls),
-        mapper,
-        _policy(cfg),
-        cache,
-        config=decode_cfg,
-    )
+    dec = _decoder(cfg, TraceLM(target, "target", cfg.topk, calls),
+                   TraceLM(drafter, "drafter", cfg.topk, calls), mapper, cache, decode_cfg)  # fmt: skip
+    steps: list[dict[str, Any]] = []
+    if isinstance(dec.drafter, HybridProposer):
+        record_steps(dec.drafter, steps)
     sizes = {"draft_vocab_size": mapper.draft_vocab_size,
              "target_vocab_size": mapper.target_vocab_size}  # fmt: skip
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -158,6 +206,7 @@ def record_pair(
     for text in cfg.prompts:
         prompt_ids = target_tok.encode(text)
         calls.clear()
+        steps.clear()
         draws: list[float] = []
         out = io.StringIO()
         streamer = TextStreamer(target_tok, out)
@@ -179,6 +228,7 @@ def record_pair(
                 "target_calls": stats.target_calls,
                 "drafter_calls": stats.drafter_calls,
                 "ngram_cache_after": base64.b64encode(ngram_to_bytes(cache, **sizes)).decode(),
+                **({"steps": list(steps)} if cfg.profile is not None else {}),
             }
         )
     return {
@@ -200,5 +250,12 @@ def record_pair(
         "drafter_max_seq_len": drafter.max_seq_len,
         "cache_policy": cfg.cache_policy,
         "cache_max_entries": cfg.cache_max_entries,
+        **(_cost_meta(cfg.profile) if cfg.profile is not None else {}),
         "runs": runs,
     }
+
+
+def _cost_meta(profile: CostProfile) -> dict[str, Any]:
+    """What a replay needs to build the same decoder: the costs and the lookup's settings."""
+    return {"cost_profile": json.loads(profile.to_json()),
+            "lookup": dataclasses.asdict(LookupConfig())}  # fmt: skip

@@ -2,11 +2,14 @@
 
     .venv/bin/python -m omnidraft_deploy.golden            # traces + vectors (about 8 min, 1 thread)
     .venv/bin/python -m omnidraft_deploy.golden --vectors  # tokenizer vectors only (~1 min)
+    .venv/bin/python -m omnidraft_deploy.golden --traces --only tiny-llama3-greedy-cost  # one trace
 
 ``tests/golden/traces/<name>.json.gz``: ``trace.record_pair`` over the tiny preset pairs that the
 bundle tests export (random weights, real tokenizers) and, when the optional model assets are cached
 (``omnidraft assets fetch --models``), the real SmolLM2-135M -> Qwen2.5-0.5B pair, whose drafts get
-accepted and merged (random tiny models never agree). Tiny pairs' vocabulary maps are rebuilt by
+accepted and merged (random tiny models never agree). The ``*-cost`` traces decode as ``omnidraft
+run`` does with a cost profile (cost-aware draft length, lookup proposals), priced by the fixed
+``PROFILES`` below instead of a measurement. Tiny pairs' vocabulary maps are rebuilt by
 the test from the default assets; the real pair's map is stored next to its traces
 (``<pair>.vocab_map.bin.gz``) because its drafter tokenizer is an optional asset.
 
@@ -32,6 +35,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from omnidraft_deploy.speculative.cost import CostProfile
+
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "tests" / "golden" / "traces"
 VECTORS = ROOT / "tests" / "golden" / "tokenizer_vectors"
@@ -44,8 +49,22 @@ MULTI_DRAFTER = "tiny-llama-68m"
 MULTI_NAME = "tiny-multi-greedy-heuristic"
 MULTI_BUNDLE = {"max_seq_len": 48, "draft_len": 3, "seed": 0}
 log = logging.getLogger(__name__)
+# Fixed costs (ms) of the cost traces: the profile `omnidraft profile` measured for the int8 ONNX
+# SmolLM2-135M -> Qwen2.5-Coder-0.5B bundle (reports/real_pair, 2 threads; target calls of 1..9
+# tokens, SmolLM2 14.1 ms a call: drafting rarely pays, lookups do), and the same target with
+# that report's 8-layer early-exit drafter (5.75 ms a call), where model drafts pay.
+_TARGET_MS = (31.554, 34.575, 33.705, 35.753, 38.904, 40.626, 41.740, 43.171, 45.893)
+PROFILES = {
+    "measured": CostProfile(target_ms=_TARGET_MS, drafter_ms=(14.067, 14.733, 15.519),
+                            lookup_ms=0.001, overhead_ms=2.868),
+    "cheap-drafter": CostProfile(target_ms=_TARGET_MS, drafter_ms=(5.751, 5.823, 6.144),
+                                 lookup_ms=0.001, overhead_ms=2.868),
+}  # fmt: skip
 
 _PROMPTS_TINY = ("def fibonacci(n: int) -> int:\n    return", "Héllo wörld, 東京 ☕ 🚀 — ok?")
+_PROMPT_REPEAT = (
+    "for i in range(3):\n    print(i)\nfor j in range(3):\n    print(j)\nfor k in range("
+)
 _PROMPTS_REAL = (
     'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n',
     "<|im_start|>user\nSay hello in French, one word.<|im_end|>\n<|im_start|>assistant\n",
@@ -62,6 +81,7 @@ def _trace_plan() -> list[tuple[tuple[str, str], dict[str, Any]]]:
         REAL_PAIR,
     )
     g, e = Mode.GREEDY, Mode.EXACT
+    cheap, measured = PROFILES["cheap-drafter"], PROFILES["measured"]
     return [
         (tiny3, dict(name="tiny-llama3-greedy-fixed", mode=g, policy="fixed", prompts=_PROMPTS_TINY)),
         (tiny3, dict(name="tiny-llama3-exact-heuristic", mode=e, temperature=1.0,
@@ -75,6 +95,17 @@ def _trace_plan() -> list[tuple[tuple[str, str], dict[str, Any]]]:
                      prompts=_PROMPTS_REAL)),
         (small, dict(name="smollm2-qwen2.5-exact-heuristic", mode=e, temperature=0.7,
                      policy="heuristic", max_new_tokens=32, prompts=_PROMPTS_REAL[::2])),
+        (tiny3, dict(name="tiny-llama3-greedy-cost", mode=g, policy="cost", profile=cheap,
+                     max_new_tokens=32, prompts=(*_PROMPTS_TINY, _PROMPT_REPEAT))),
+        (tinyq, dict(name="tiny-qwen2-exact-cost", mode=e, temperature=1.0, policy="cost",
+                     profile=cheap, cache_policy="lfu", max_new_tokens=32,
+                     prompts=(*_PROMPTS_TINY, _PROMPT_REPEAT))),
+        (small, dict(name="smollm2-qwen2.5-greedy-cost", mode=g, policy="cost", profile=cheap,
+                     max_new_tokens=48, cache_max_entries=12, prompts=_PROMPTS_REAL)),
+        (small, dict(name="smollm2-qwen2.5-greedy-cost-measured", mode=g, policy="cost",
+                     profile=measured, max_new_tokens=48, prompts=_PROMPTS_REAL)),
+        (small, dict(name="smollm2-qwen2.5-exact-cost", mode=e, temperature=0.7, policy="cost",
+                     profile=cheap, max_new_tokens=32, prompts=_PROMPTS_REAL[::2])),
     ]  # fmt: skip
 
 
@@ -94,8 +125,9 @@ def _write_gz(path: Path, data: bytes) -> None:
     write_bytes_atomic(path, gzip.compress(data, compresslevel=9, mtime=0))
 
 
-def write_traces(out: Path, *, include_real: bool = True) -> list[Path]:
-    """Record every trace of the plan whose models are available; returns the files written."""
+def write_traces(out: Path, *, include_real: bool = True, only: tuple[str, ...] = ()) -> list[Path]:
+    """Record every trace of the plan (those named ``only``, when given) whose models are
+    available; returns the files written."""
     import torch
 
     from omnidraft_deploy.catalog.presets import get_preset
@@ -106,7 +138,11 @@ def write_traces(out: Path, *, include_real: bool = True) -> list[Path]:
     torch.set_num_threads(1)
     written: list[Path] = []
     pairs: dict[tuple[str, str], Any] = {}
-    for (target, drafter), kwargs in _trace_plan():
+    plan = [(pair, kw) for pair, kw in _trace_plan() if not only or kw["name"] in only]
+    if only and len(plan) != len(set(only)):
+        known = sorted(kw["name"] for _, kw in _trace_plan())
+        raise KeyError(f"unknown trace in {sorted(only)}; choose from {known}")
+    for (target, drafter), kwargs in plan:
         if (target, drafter) == REAL_PAIR and not (
             include_real and all(_cached(get_preset(n).gguf_asset or "") for n in REAL_PAIR)
         ):
@@ -232,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", action="store_true", help="traces only")
     parser.add_argument("--no-real", action="store_true", help="skip the real-model traces")
     parser.add_argument("--multi", action="store_true", help="the multi-target trace only")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME",
+                        help="with --traces: record only this trace of the plan (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for d in (TRACES, VECTORS):
@@ -240,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.traces or args.multi):
         files += write_vectors(VECTORS)
     if not (args.vectors or args.multi):
-        files += write_traces(TRACES, include_real=not args.no_real)
-    if not args.vectors:
+        files += write_traces(TRACES, include_real=not args.no_real, only=tuple(args.only))
+    if not (args.vectors or args.only):
         files.append(write_multi_trace(TRACES))
     for f in files:
         print(f"{f.relative_to(ROOT)}  {f.stat().st_size} B")

@@ -13,26 +13,7 @@ import java.util.List;
  * drafted tokens' probabilities), else the direct mapping, else stop. Exact mode restricts the
  * drafter to directly mapped tokens and skips the n-gram cache.
  */
-public final class CrossVocabDrafter {
-    /** Target-vocabulary proposals of one step. */
-    public static final class Proposal {
-        public final int[] targetIds;
-        public final float[] q; // proposal probability of each target id
-        public final float[][] rows; // full proposal rows over target ids (sampling modes), else null
-        public final int[] spans; // drafter tokens behind each proposal
-        public final boolean[] merged; // from the n-gram cache
-        public final int nDrafted;
-
-        Proposal(int[] targetIds, float[] q, float[][] rows, int[] spans, boolean[] merged, int nDrafted) {
-            this.targetIds = targetIds;
-            this.q = q;
-            this.rows = rows;
-            this.spans = spans;
-            this.merged = merged;
-            this.nDrafted = nDrafted;
-        }
-    }
-
+public final class CrossVocabDrafter implements Proposer {
     private final CausalLm lm;
     private final VocabMap map;
     private final DraftLenPolicy policy;
@@ -45,7 +26,7 @@ public final class CrossVocabDrafter {
     private int kvLen;
     private int fedLen;
     private int[] drafts = new int[0];
-    public int calls;
+    private int calls;
 
     public CrossVocabDrafter(CausalLm lm, VocabMap map, DraftLenPolicy policy, boolean exact, double temperature,
                              int targetVocab, NGramCache cache, int bosId) {
@@ -59,7 +40,10 @@ public final class CrossVocabDrafter {
         this.bosId = bosId;
     }
 
+    @Override
     public void reset(int[] promptTargetIds) {
+        policy.newContext();
+        calls = 0;
         IntList ids = map.translate(promptTargetIds);
         if (bosId >= 0 && (ids.size() == 0 || ids.get(0) != bosId)) {
             IntList withBos = new IntList();
@@ -70,6 +54,15 @@ public final class CrossVocabDrafter {
         draftIds = ids;
         kvLen = CachedTokens.reusable(lm, ids.toArray()); // the drafter's cache may hold its start
         fedLen = 0;
+    }
+
+    @Override
+    public int calls() {
+        return calls;
+    }
+
+    public DraftLenPolicy policy() {
+        return policy;
     }
 
     public int kvLen() {
@@ -85,6 +78,21 @@ public final class CrossVocabDrafter {
         return exact ? Sampling.restrictToDirect(probs, map) : probs;
     }
 
+    /**
+     * The law a token was drawn from, as logits, for the policy's confidence features: greedy, the
+     * drafter's own logits (a one-hot law says nothing); sampling, log of the (restricted) law.
+     */
+    private float[] law(float[] logits, float[] probs) {
+        if (temperature <= 0) {
+            return logits;
+        }
+        float[] out = new float[probs.length];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = (float) Math.log(probs[i]); // log 0 = -inf: no weight in the features
+        }
+        return out;
+    }
+
     /** Drafter tokens for this step; fills q (probability of each) and rows (their distributions). */
     private int[] draft(Uniforms uniforms, List<Float> q, List<float[]> rows) {
         int room = lm.maxSeqLen() - draftIds.size() - 1;
@@ -95,13 +103,16 @@ public final class CrossVocabDrafter {
         for (int i = 0; i < k; i++) {
             float[] logits = lm.forwardTail(feed, start, 1)[0]; // only the next token's row is read
             calls++;
+            if (logits.length > map.draftVocabSize) { // a graph padded past its tokenizer never drafts a pad
+                logits = java.util.Arrays.copyOf(logits, map.draftVocabSize);
+            }
             float[] probs = draftProbs(logits);
             start += feed.length;
             int d = temperature <= 0 ? Sampling.argmax(probs) : Sampling.sample(probs, uniforms.next());
             out.add(d);
             q.add(probs[d]);
             rows.add(probs);
-            if (map.isDraftEos(d) || !policy.keepDrafting(i, probs)) {
+            if (map.isDraftEos(d) || !policy.keepDrafting(i, DraftLenPolicy.confidenceFeatures(law(logits, probs)))) {
                 break;
             }
             feed = new int[] {d};
@@ -123,6 +134,7 @@ public final class CrossVocabDrafter {
     }
 
     /** Draft, then turn the drafter tokens into target-vocabulary proposals. */
+    @Override
     public Proposal propose(Uniforms uniforms) {
         List<Float> qTok = new ArrayList<>();
         List<float[]> draftRows = new ArrayList<>();
@@ -177,6 +189,7 @@ public final class CrossVocabDrafter {
     }
 
     /** Keep the accepted drafts, append the target's own token, roll the KV pointer back. */
+    @Override
     public void commit(Proposal proposal, int nAccepted, int nextId) {
         int kept = 0;
         for (int i = 0; i < nAccepted; i++) {

@@ -6,8 +6,11 @@ import java.io.IOException;
 /**
  * Everything the app runs between two model calls, wired from a verified bundle: vocabulary map,
  * target tokenizer, warm n-gram cache (the session file next to the bundle when one was saved),
- * draft-length policy from the manifest, greedy speculative decoding, streaming text, and the
- * atomic save of the grown cache. The app supplies only the two CausalLm implementations.
+ * greedy speculative decoding, streaming text, and the atomic save of the grown cache. Drafting as
+ * `omnidraft run` drafts (runtime/run.py): with a measured cost profile in the session folder
+ * (cost_profile.json, as `omnidraft profile` writes it into the Python state folder), cost-aware
+ * draft lengths up to 2 * the manifest's draft_len plus lookup proposals; without one, the +2/-1
+ * rule from the manifest's draft_len. The app supplies only the two CausalLm implementations.
  * A multi-target bundle's target is chosen by name; each target keeps its own session cache
  * ({@code cacheDir/targets/NAME}, as the Python runtime's per-target state folder).
  */
@@ -24,6 +27,7 @@ public final class Session {
     public final VocabMap map;
     public final Tokenizer tokenizer;
     public final NGramCache cache;
+    public final CostProfile profile; // null: no cost_profile.json in the session folder (+2/-1)
     private final File cacheFile;
     private final SpeculativeDecoder decoder;
 
@@ -63,8 +67,12 @@ public final class Session {
         CausalLm target = new CachingLm(loader.load(new File(bundleDir, m.target.file), m.target, m));
         SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNewTokens, map.targetEos(),
                 map.targetVocabSize);
-        decoder = new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Heuristic(m.draftLen), cache, cfg,
-                map.drafterBos());
+        File profileFile = new File(state, CostProfile.FILE);
+        profile = profileFile.isFile() ? CostProfile.load(profileFile) : null;
+        decoder = profile != null
+                ? SpeculativeDecoder.costAware(target, drafter, map, profile, m.draftLen, cache, cfg)
+                : new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Heuristic(m.draftLen), cache, cfg,
+                        map.drafterBos());
     }
 
     /** Streams text to the callback as verification steps commit; returns the stats. */

@@ -40,18 +40,37 @@ public final class SpeculativeDecoder {
     }
 
     private final CausalLm target;
-    private final CrossVocabDrafter drafter;
+    private final Proposer drafter;
     private final Config cfg;
 
+    /** Drafts with drafterLm alone under policy (no cost profile: the runtime's +2/-1 decoder). */
     public SpeculativeDecoder(CausalLm target, CausalLm drafterLm, VocabMap map, DraftLenPolicy policy,
                               NGramCache cache, Config cfg, int drafterBos) {
-        this.target = target;
-        this.cfg = cfg;
-        this.drafter = new CrossVocabDrafter(drafterLm, map, policy, cfg.exact, cfg.temperature,
-                target.vocabSize(), cache, drafterBos);
+        this(target, new CrossVocabDrafter(drafterLm, map, policy, cfg.exact, cfg.temperature, target.vocabSize(),
+                cache, drafterBos), cfg);
     }
 
-    public CrossVocabDrafter drafter() {
+    public SpeculativeDecoder(CausalLm target, Proposer proposer, Config cfg) {
+        this.target = target;
+        this.cfg = cfg;
+        this.drafter = proposer;
+    }
+
+    /**
+     * What `omnidraft run` decodes with when the session folder holds a measured cost profile
+     * (runtime/run.py bundle_decoder): cost-aware drafting up to 2 * draftLen tokens, lookup
+     * proposals (LookupProposer defaults) beside it, chosen per step by HybridProposer.
+     */
+    public static SpeculativeDecoder costAware(CausalLm target, CausalLm drafterLm, VocabMap map, CostProfile profile,
+                                               int draftLen, NGramCache cache, Config cfg) {
+        CostAwareDraftLen policy = new CostAwareDraftLen(profile, 2 * draftLen);
+        CrossVocabDrafter model = new CrossVocabDrafter(drafterLm, map, policy, cfg.exact, cfg.temperature,
+                target.vocabSize(), cache, map.drafterBos());
+        return new SpeculativeDecoder(target, new HybridProposer(model, new LookupProposer(), profile, policy.maxLen),
+                cfg);
+    }
+
+    public Proposer proposer() {
         return drafter;
     }
 
@@ -68,7 +87,6 @@ public final class SpeculativeDecoder {
         }
         long t0 = System.nanoTime();
         drafter.reset(promptIds);
-        drafter.calls = 0;
         IntList committed = new IntList(promptIds);
         IntList out = new IntList();
         // committed[:fed] are in the target's cache: the first step is the prompt's prefill, from where
@@ -76,7 +94,7 @@ public final class SpeculativeDecoder {
         int fed = CachedTokens.reusable(target, promptIds);
         stats.promptReused = fed;
         while (true) {
-            CrossVocabDrafter.Proposal prop = drafter.propose(uniforms);
+            Proposal prop = drafter.propose(uniforms);
             int room = cap - committed.size(); // the feed may reach position cap - 1, as target-only
             int nProp = Math.max(0, Math.min(prop.targetIds.length, room));
             int[] head = committed.slice(fed, committed.size());
@@ -105,12 +123,12 @@ public final class SpeculativeDecoder {
             }
         }
         stats.generated += out.size();
-        stats.drafterCalls += drafter.calls;
+        stats.drafterCalls += drafter.calls();
         stats.wallNanos += System.nanoTime() - t0;
         return out.toArray();
     }
 
-    private int[] verify(int[] proposals, CrossVocabDrafter.Proposal prop, float[][] logits, Uniforms uniforms) {
+    private int[] verify(int[] proposals, Proposal prop, float[][] logits, Uniforms uniforms) {
         if (!cfg.exact) {
             return Verify.greedy(proposals, logits);
         }

@@ -8,22 +8,26 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * Replays one recorded run (omnidraft_deploy/golden/trace.py): a CausalLm per role that returns the
- * recorded logits for the recorded call and fails on any other call, and the recorded uniforms.
+ * Replays recorded runs (omnidraft_deploy/golden/trace.py), one after the other as one Python
+ * decoder made them: a CausalLm per role that returns the recorded logits for the recorded call of
+ * the current run and fails on any other call, and the recorded uniforms.
  */
 final class TraceReplay implements Uniforms {
-    private final List<Object> calls;
-    private final double[] uniforms;
+    private List<Object> calls = new java.util.ArrayList<>();
+    private double[] uniforms = new double[0];
     private int nextCall;
     private int nextUniform;
 
-    TraceReplay(Map<String, Object> run) {
+    /** Replay this run next (the last one's leftovers are checked by the caller). */
+    void begin(Map<String, Object> run) {
         this.calls = ByteLevelBpe.asList(run.get("calls"), "calls");
         List<Object> u = ByteLevelBpe.asList(run.get("uniforms"), "uniforms");
         this.uniforms = new double[u.size()];
         for (int i = 0; i < uniforms.length; i++) {
             uniforms[i] = ((Number) u.get(i)).doubleValue();
         }
+        nextCall = 0;
+        nextUniform = 0;
     }
 
     @Override

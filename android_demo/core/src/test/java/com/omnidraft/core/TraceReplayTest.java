@@ -78,7 +78,7 @@ public class TraceReplayTest {
                 + " replayed from one bundle (drafter " + t.get("drafter") + ")");
     }
 
-    private static void replay(Map<String, Object> t, VocabMap map, Tokenizer tok) throws IOException {
+    static void replay(Map<String, Object> t, VocabMap map, Tokenizer tok) throws IOException {
         String name = (String) t.get("name");
         if (map == null || tok == null) {
             System.out.println("trace " + name + ": skipped (vocabulary map or tokenizer files not given)");
@@ -91,20 +91,35 @@ public class TraceReplayTest {
                 num(t, "max_new_tokens"), Golden.ints(t.get("eos_ids")), num(t, "vocab_limit"));
         int policyId = "lfu".equals(t.get("cache_policy")) ? NGramCacheFile.POLICY_LFU : NGramCacheFile.POLICY_LRU;
         NGramCache cache = new NGramCache(num(t, "cache_max_entries"), 0, policyId);
-        DraftLenPolicy policy = DraftLenPolicy.byName((String) t.get("policy"), num(t, "draft_len"));
+        TraceReplay replay = new TraceReplay(); // one decoder for every run, as Python's
+        CausalLm target = replay.model("target", num(t, "target_model_vocab"), num(t, "target_max_seq_len"));
+        CausalLm drafter = replay.model("drafter", num(t, "drafter_model_vocab"), num(t, "drafter_max_seq_len"));
+        StepCheck steps = null;
+        SpeculativeDecoder dec;
+        if ("cost".equals(t.get("policy"))) { // the runtime's decoder with a cost profile
+            assertLookupDefaults(name, ByteLevelBpe.asMap(t.get("lookup"), "lookup"));
+            CostProfile profile = CostProfile.fromMap(ByteLevelBpe.asMap(t.get("cost_profile"), "cost_profile"), name);
+            SpeculativeDecoder wired = SpeculativeDecoder.costAware(target, drafter, map, profile, num(t, "draft_len"),
+                    cache, cfg);
+            steps = new StepCheck((HybridProposer) wired.proposer());
+            dec = new SpeculativeDecoder(target, steps, cfg);
+        } else {
+            DraftLenPolicy policy = DraftLenPolicy.byName((String) t.get("policy"), num(t, "draft_len"), null);
+            dec = new SpeculativeDecoder(target, drafter, map, policy, cache, cfg, map.drafterBos());
+        }
         List<Object> runs = ByteLevelBpe.asList(t.get("runs"), "runs");
         int merged = 0;
         int accepted = 0;
+        int nSteps = 0;
         for (int r = 0; r < runs.size(); r++) {
             Map<String, Object> run = ByteLevelBpe.asMap(runs.get(r), "run");
             String where = name + " run " + r;
             int[] prompt = Golden.ints(run.get("prompt_ids"));
             assertArrayEquals(where + ": prompt ids", prompt, tok.encode((String) run.get("prompt")));
-            TraceReplay replay = new TraceReplay(run);
-            SpeculativeDecoder dec = new SpeculativeDecoder(
-                    replay.model("target", num(t, "target_model_vocab"), num(t, "target_max_seq_len")),
-                    replay.model("drafter", num(t, "drafter_model_vocab"), num(t, "drafter_max_seq_len")),
-                    map, policy, cache, cfg, map.drafterBos());
+            replay.begin(run);
+            if (steps != null) {
+                steps.begin(ByteLevelBpe.asList(run.get("steps"), "steps"), where);
+            }
             TextStream stream = new TextStream(tok);
             StringBuilder text = new StringBuilder();
             Stats stats = new Stats();
@@ -112,20 +127,33 @@ public class TraceReplayTest {
             text.append(stream.finish());
             assertArrayEquals(where + ": output ids", Golden.ints(run.get("output_ids")), out);
             assertEquals(where + ": " + replay.leftover(), "", replay.leftover());
+            if (steps != null) {
+                steps.finish();
+            }
             assertEquals(where + ": accept counts", list(run.get("accept_counts")), stats.acceptCounts);
             assertEquals(where + ": draft lengths", list(run.get("draft_len_trace")), stats.draftLenTrace);
             assertEquals(where + ": merged proposals", num(run, "merged_proposed"), stats.mergedProposed);
             assertEquals(where + ": merged accepted", num(run, "merged_accepted"), stats.mergedAccepted);
             assertEquals(where + ": target calls", num(run, "target_calls"), stats.targetCalls);
+            assertEquals(where + ": drafter calls", num(run, "drafter_calls"), stats.drafterCalls);
             assertEquals(where + ": text", run.get("text"), text.toString());
             byte[] bytes = NGramCacheFormat.write(cache.toFile(map.draftVocabSize, map.targetVocabSize));
             assertArrayEquals(where + ": n-gram cache bytes",
                     Base64.getDecoder().decode((String) run.get("ngram_cache_after")), bytes);
             merged += stats.mergedProposed;
             accepted += stats.accepted;
+            nSteps += stats.acceptCounts.size();
         }
-        System.out.println("trace " + name + ": " + runs.size() + " runs replayed exactly (" + accepted
-                + " accepted, " + merged + " merged proposals, cache " + cache.size() + " entries)");
+        System.out.println("trace " + name + ": " + runs.size() + " runs replayed exactly (" + nSteps + " steps, "
+                + accepted + " accepted, " + merged + " merged proposals, cache " + cache.size() + " entries)");
+    }
+
+    /** The trace's lookup settings are the ones SpeculativeDecoder.costAware uses (LookupConfig()). */
+    private static void assertLookupDefaults(String name, Map<String, Object> lookup) {
+        assertEquals(name + ": lookup min_ngram", 1, num(lookup, "min_ngram"));
+        assertEquals(name + ": lookup max_ngram", 4, num(lookup, "max_ngram"));
+        assertEquals(name + ": lookup max_tokens", 8192, num(lookup, "max_tokens"));
+        assertEquals(name + ": lookup keep_history", Boolean.TRUE, lookup.get("keep_history"));
     }
 
     private static VocabMap vocabMap(Map<String, Object> t, File traces) throws IOException {

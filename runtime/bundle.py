@@ -1,11 +1,12 @@
 """Open an exported bundle: every check runs before any model does.
 
 Order: manifest (schema, format, every section's ``validate()``), no symlink anywhere in the folder,
-every listed file's size and sha256, each graph's own metadata against the manifest (ONNX
-``metadata_props`` / ``.pte`` constant methods; ONNX external data must be a listed file), then the
-vocabulary map and n-gram cache, each read once through ``bundle.files.read_listed`` (listed in the
-manifest with its role, size and sha256 checked on the very bytes parsed, size-capped) and checked
-against the graphs. Each failure is a ``BundleError`` naming the file and the problem. The session
+every listed file's size and sha256 (on every open: a hash record vouches for bytes, never for the
+manifest's claims), then every other file the bundle carries, read by its schema and held against
+the rest (``runtime.contents``: tokenizers, vocabulary map, n-gram cache, reference output), then
+each graph's own metadata against the manifest, quantization label included (ONNX
+``metadata_props`` / ``.pte`` constant methods; ONNX external data must be a listed file). Each
+failure is a ``BundleError`` naming the file and the problem. The session
 cache (``ngram_cache.session.bin``, written by ``run``) is the user's own state, not part of the
 bundle: its CRC-32 is its checksum, and a damaged one falls back to the bundle's cache with a
 warning (``load_session_cache``). A multi-target bundle is opened for one of its targets
@@ -19,32 +20,34 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omnidraft_deploy.runtime.adapted import adapted_drafter, adapted_weights
 from omnidraft_deploy.runtime.base import RuntimeModel
+from omnidraft_deploy.runtime.contents import MAX_NGRAM_BYTES, Contents, read_contents
 
 from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
-from omnidraft_deploy.bundle.files import open_plain, read_listed, read_plain
+from omnidraft_deploy.bundle.files import open_plain, read_plain
 from omnidraft_deploy.bundle.folder import verify_bundle
 from omnidraft_deploy.bundle.manifest import HTP_CONTEXT, MANIFEST_NAME, BundleError, Manifest
 from omnidraft_deploy.bundle.onnx_meta import OnnxMeta, read_onnx_meta
 from omnidraft_deploy.bundle.sections import GraphInfo
-from omnidraft_deploy.bundle.targets import parts, select, target_names
+from omnidraft_deploy.bundle.targets import select, target_names
 from omnidraft_deploy.host.onnx_host import context_path
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import NGramFormatError
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
-from omnidraft_deploy.vocab import io as vocab_io
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
 SESSION_CACHE = "ngram_cache.session.bin"
 ONNX_FORMAT_VERSION = "1"  # metadata_props "omnidraft.format_version" this reader understands
-MAX_VOCAB_MAP_BYTES = 64 << 20  # a 256k x 256k map with long spellings is ~10 MB
-MAX_NGRAM_BYTES = 64 << 20  # ~6M entries
-GRAPH_KEYS = ("vocab_size", "max_seq_len", "n_layers", "n_kv_heads", "head_dim", "seq_len")
+# the graph's own description that the manifest must repeat (quantization included: ``validate``
+# holds an fp32 graph to token equality with eager, so the label decides what PASS means)
+GRAPH_KEYS = ("vocab_size", "max_seq_len", "n_layers", "n_kv_heads", "head_dim", "seq_len",
+              "quantization")  # fmt: skip
 
 
 @dataclass
@@ -57,6 +60,8 @@ class OpenBundle:
     ngram_cache: NGramCache
     provider: str = "cpu"
     drafter_weights: Path | None = None  # the target's adapted drafter weights, when swapped in
+    tokenizer: Any = None  # the target's (``runtime.contents``), as the open read it
+    expected: dict[str, Any] = field(default_factory=dict)  # expected.json (``checks.expected``)
 
 
 def _onnx_meta(path: Path) -> OnnxMeta:
@@ -93,7 +98,8 @@ def check_onnx_metadata(
         if stored.get(key) != getattr(info, key):
             raise BundleError(
                 path,
-                f"graph metadata {key}={stored.get(key)} but manifest says {getattr(info, key)}",
+                f"graph metadata {key}={stored.get(key)!r:.80} but manifest says "
+                f"{getattr(info, key)!r}",
             )
     if files is None:
         return
@@ -195,74 +201,6 @@ def default_provider(manifest: Manifest) -> str:
     return "qnn" if manifest.backend == "qnn" else "cpu"
 
 
-def load_tables(root: Path, manifest: Manifest) -> tuple[VocabMapper, NGramCache]:
-    """Vocabulary map and shipped n-gram cache, each listed, verified and checked vs the graphs."""
-    d_info, t_info = manifest.graphs["drafter"], manifest.graphs["target"]
-    vocab_map, ngram_cache = parts(manifest).vocab_map, parts(manifest).ngram_cache
-    data = read_listed(
-        root, vocab_map, manifest.files, role="vocab_map", max_bytes=MAX_VOCAB_MAP_BYTES
-    )
-    try:
-        mapper = vocab_io.from_bytes(data, source=str(root / vocab_map))
-    except ValueError as e:
-        raise BundleError(root / vocab_map, str(e).removeprefix(f"{root / vocab_map}: ")) from None
-    if mapper.content_hash() != manifest.mapping_hash:
-        raise BundleError(root / vocab_map, "content hash differs from manifest mapping_hash")
-    check_map_tokenizers(root, manifest, mapper)
-    # either graph may pad its vocabulary past its tokenizer (every Qwen: 151936 rows for 151665
-    # ids); the padded rows are never decoded (drafter: ``CrossVocabDrafter`` keeps the mapper's
-    # ``draft_vocab_size`` logits; target: ``DecodeConfig.vocab_limit``)
-    if mapper.draft_vocab_size > d_info.vocab_size or mapper.target_vocab_size > t_info.vocab_size:
-        raise BundleError(
-            root / vocab_map,
-            f"vocabulary sizes (drafter {mapper.draft_vocab_size}, target "
-            f"{mapper.target_vocab_size}) do not fit the graphs' (drafter {d_info.vocab_size}, "
-            f"target {t_info.vocab_size}: each at least its map's) in {MANIFEST_NAME} "
-            "graphs.drafter/target.vocab_size",
-        )
-    data = read_listed(
-        root, ngram_cache, manifest.files, role="ngram_cache", max_bytes=MAX_NGRAM_BYTES
-    )
-    try:
-        cache, _ = ngram_from_bytes(
-            data,
-            source=root / ngram_cache,
-            expect_draft_vocab=mapper.draft_vocab_size,
-            expect_target_vocab=mapper.target_vocab_size,
-        )
-    except NGramFormatError as e:
-        raise BundleError(root / ngram_cache, e.problem) from None
-    return mapper, cache
-
-
-def check_map_tokenizers(root: Path, manifest: Manifest, mapper: VocabMapper) -> None:
-    """The map against the bundle's tokenizers: one entry per tokenizer id on each side
-    (``vocab_size_of``: bundles whose tokenizer states its size, every export since issue 28), and
-    every target id spelled by at least one drafter id, except a target BOS the drafter has no
-    counterpart of (``mapper``: spelled by nothing). Bytes the drafter cannot spell are counted
-    in the map (placeholders), never left out."""
-    from omnidraft_deploy.vocab.bundle_tokenizer import vocab_size_of
-    from omnidraft_deploy.vocab.roles import Role
-
-    target = parts(manifest)
-    path = root / target.vocab_map
-    for role, n_map, folder in (("target", mapper.target_vocab_size, target.tokenizer),
-                                ("drafter", mapper.draft_vocab_size, "drafter_tokenizer")):  # fmt: skip
-        n_tok = vocab_size_of(root, role, manifest.files, folder=folder)
-        if n_tok is not None and n_tok != n_map:
-            raise BundleError(path, f"its {role} side has {n_map} ids but the bundle's {role} "
-                              f"tokenizer ({folder}/) has {n_tok}: the map was built for "
-                              "another tokenizer; export the bundle again")  # fmt: skip
-    offsets = mapper.target_to_draft_offsets
-    empty = set((offsets[1:] == offsets[:-1]).nonzero().flatten().tolist())
-    empty -= {t for r, d, t in mapper.roles if r is Role.BOS and d < 0}
-    if empty:
-        shown = sorted(empty)[:5]
-        raise BundleError(path, f"{len(empty)} of {mapper.target_vocab_size} target ids (e.g. "
-                          f"{shown}) have no drafter spelling and are not counted as "
-                          "unspellable: the drafter could never propose them")  # fmt: skip
-
-
 def load_session_cache(root: Path, mapper: VocabMapper, shipped: NGramCache) -> NGramCache:
     """The session cache beside the bundle when it is sound, else ``shipped`` with a warning."""
     path = root / SESSION_CACHE
@@ -290,13 +228,24 @@ def check_bundle(
     ``state`` / ``trust_record``: ``bundle.folder.verify_bundle``'s hash record; ``target``: which
     target of a multi-target bundle (``bundle.targets.select``; the manifest returned is its
     one-target view)."""
-    root = Path(bundle_dir)
+    manifest, contents = _checked(Path(bundle_dir), state, trust_record, target)
+    contents.tokenizers()  # built and checked (in a thread, beside the other checks)
+    return manifest, contents.mapper, contents.ngram_cache
+
+
+def _checked(
+    root: Path, state: Path | None, trust_record: bool, target: str | None
+) -> tuple[Manifest, Contents]:
     manifest = verify_bundle(root, state=state, trust_record=trust_record)
     manifest = select(manifest, target, source=root / MANIFEST_NAME)
-    mapper, cache = load_tables(root, manifest)
-    for role in ("drafter", "target"):  # every graph's metadata before any session is created
-        check_graph(root, manifest, role)
-    return manifest, mapper, cache
+    contents = read_contents(root, manifest)
+    try:
+        for role in ("drafter", "target"):  # every graph's metadata before any session exists
+            check_graph(root, manifest, role)
+    except BaseException:
+        contents.close()
+        raise
+    return manifest, contents
 
 
 def check_every_target(bundle_dir: str | Path) -> list[str]:
@@ -327,10 +276,22 @@ def open_bundle(
     its adapted drafter weights there, when ``omnidraft adapt --target`` wrote some, are checked
     and swapped into the shared drafter graph (``runtime.adapted``)."""
     root = Path(bundle_dir)
-    manifest, mapper, cache = check_bundle(
-        root, state=state, trust_record=trust_record, target=target
-    )
+    manifest, contents = _checked(root, state, trust_record, target)
     provider = provider or default_provider(manifest)
+    try:  # the tokenizers are built meanwhile (``runtime.contents``)
+        drafter, model, adapted = _sessions(root, manifest, provider, state, threads)
+    except BaseException:
+        contents.close()
+        raise
+    tokenizer = contents.tokenizers()["target"]
+    return OpenBundle(root, manifest, drafter, model, contents.mapper, contents.ngram_cache,
+                      provider, adapted, tokenizer, contents.expected)  # fmt: skip
+
+
+def _sessions(
+    root: Path, manifest: Manifest, provider: str, state: Path | None, threads: int | None
+) -> tuple[RuntimeModel, RuntimeModel, Path | None]:
+    """(drafter, target, the adapted drafter weights swapped in or None) of a checked bundle."""
     weights, adapted = adapted_weights(root, manifest, state), None
     if weights is not None and state is not None:
         drafter = adapted_drafter(root, manifest, weights, state, provider=provider,
@@ -342,4 +303,4 @@ def open_bundle(
     model = load_graph_file(
         root, manifest, "target", provider=provider, background_pages=True, threads=threads
     )
-    return OpenBundle(root, manifest, drafter, model, mapper, cache, provider, adapted)
+    return drafter, model, adapted

@@ -22,7 +22,6 @@ changed since the open (the server then refuses: its sessions hold the old graph
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,10 @@ from omnidraft_deploy.runtime.bundle import SESSION_CACHE, OpenBundle, load_sess
 
 from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
 from omnidraft_deploy.bundle.manifest import MANIFEST_NAME
-from omnidraft_deploy.cli.protocol import RunRequest, Writer
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
+from omnidraft_deploy.request.protocol import RunRequest, Writer
 
 WARM_PROMPT = "def add(a, b):"
 FileId = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
@@ -83,15 +82,12 @@ def open_session(
     target: str | None = None, trust_record: bool = True, threads: int | None = None,
     served: bool = False,
 ) -> Session:  # fmt: skip
-    """``open_bundle`` (its arguments) with the target's tokenizer: the tokenizer's JSON is parsed
-    while ONNX Runtime builds the sessions (which releases the GIL); only its result waits on the
-    bundle's checks. ``served``: kept for many requests (module docstring)."""
+    """``open_bundle`` (its arguments) with the target's tokenizer (read and checked by the open,
+    ``runtime.contents``). ``served``: kept for many requests (module docstring)."""
     root = Path(bundle_dir)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        tok_job = pool.submit(target_tokenizer, root, target)
-        bundle = opener.open_bundle(root, provider=provider, state=state, target=target,
-                                    trust_record=trust_record, threads=threads)  # fmt: skip
-        tok = tok_job.result()
+    bundle = opener.open_bundle(root, provider=provider, state=state, target=target,
+                                trust_record=trust_record, threads=threads)  # fmt: skip
+    tok = bundle.tokenizer
     if not served:
         return Session(bundle, tok, state)
     mapper = bundle.mapper
@@ -166,23 +162,28 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
     import torch
     from omnidraft_deploy.runtime.run import run_bundle, target_only
 
-    from omnidraft_deploy.cli.streaming import TextStreamer, print_stats
-    from omnidraft_deploy.speculative.decoder import DecodeConfig
+    from omnidraft_deploy.request.streaming import TextStreamer, print_stats
+    from omnidraft_deploy.speculative.decoder import DecodeConfig, check_prompt
     from omnidraft_deploy.speculative.drafter import Mode
     from omnidraft_deploy.speculative.kv_reuse import keep
     from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
 
     tok, bundle = session.tokenizer, session.bundle
     prompt = request.prompt
-    text = render_chat(getattr(tok, "chat_template", None), prompt) if request.chat else prompt
+    text = render_chat(getattr(tok, "chat_template", None), prompt,
+                       source=getattr(tok, "chat_template_source", None)) if request.chat else prompt  # fmt: skip
     greedy = Mode(request.mode) is Mode.GREEDY
     cfg = DecodeConfig(mode=Mode(request.mode), temperature=0.0 if greedy else request.temperature,
                        top_p=None if greedy else request.top_p,
                        max_new_tokens=request.max_new_tokens)  # fmt: skip
+    ids = tok.encode(text)
+    capacity = bundle.target.max_seq_len  # a prompt refused here is never echoed
+    check_prompt(ids, bundle.mapper.target_vocab_size, capacity)
+    if note := capacity_note(len(ids), request.max_new_tokens, capacity):
+        err.write(f"note: {note}\n")
     stream = TextStreamer(tok, out, err if request.stats == "steps" else None)
     if not request.chat:
         out.write(prompt)
-    ids = tok.encode(text)
     cache = request_cache(session)
     if request.stats:  # time both decodes on settled memory, not the first one during the move
         from omnidraft_deploy.host.pages_later import settle
@@ -197,6 +198,17 @@ def generate(session: Session, request: RunRequest, out: Writer, err: Writer) ->
         base, base_stats = target_only(bundle, ids, cfg,
                                        generator=torch.Generator().manual_seed(request.seed))  # fmt: skip
         print_stats(stats, base_stats, identical=result == base if greedy else None, err=err)
+
+
+def capacity_note(prompt_len: int, max_new_tokens: int, capacity: int) -> str | None:
+    """What to say when ``--max-new-tokens`` asks for more tokens than the target's KV capacity
+    leaves after the prompt (the decode stops there: ``DecodeStats.stopped_by_capacity``)."""
+    room = capacity - prompt_len + 1  # the last token needs no slot of its own
+    if max_new_tokens <= room:
+        return None
+    return (f"--max-new-tokens {max_new_tokens}: this prompt of {prompt_len} tokens leaves room "
+            f"for at most {room} new tokens in the target's capacity of {capacity} "
+            "(max_seq_len); generation stops there")  # fmt: skip
 
 
 def warm(session: Session) -> None:
@@ -215,7 +227,8 @@ def warm(session: Session) -> None:
     settle()
     decoding_profile(bundle, session.state)
     template = getattr(session.tokenizer, "chat_template", None)
-    text = render_chat(template, WARM_PROMPT) if template else WARM_PROMPT
+    source = getattr(session.tokenizer, "chat_template_source", None)
+    text = render_chat(template, WARM_PROMPT, source=source) if template else WARM_PROMPT
     ids = session.tokenizer.encode(text)[: max(1, bundle.target.max_seq_len - 4)]
     kept, bundle.ngram_cache = bundle.ngram_cache, NGramCache()
     try:

@@ -19,19 +19,13 @@ from omnidraft_deploy.runtime.bundle import (
 )
 from omnidraft_deploy.runtime.run import bundle_decoder
 
-from omnidraft_deploy.bundle.files import read_listed
-from omnidraft_deploy.bundle.manifest import MANIFEST_NAME, BundleError
-from omnidraft_deploy.bundle.targets import parts, selected
-from omnidraft_deploy.checks.expected import EXPECTED_FILE, EXPECTED_ROLE
-from omnidraft_deploy.checks.expected import from_bytes as expected_from_bytes
+from omnidraft_deploy.bundle.targets import selected
 from omnidraft_deploy.checks.parity import eager_step, parity, step_speed
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.speculative.decoder import (
     generate_target_only,
 )
-
-MAX_EXPECTED_BYTES = 16 << 20
 
 
 def graph_parity(
@@ -49,15 +43,9 @@ def _reference(
     bundle: OpenBundle, max_new_tokens: int
 ) -> tuple[str, list[tuple[str, list[int], list[int]]], int]:
     """(what the reference is, [(task, prompt ids, reference ids)], tokens to compare): the eager
-    target's output recorded at export (``expected.json``; every export writes it). A bundle
-    without one is refused: no path in the manifest is ever loaded."""
-    files, rel = bundle.manifest.files, parts(bundle.manifest).expected
-    if rel not in files:
-        raise BundleError(bundle.root / MANIFEST_NAME, f"no {EXPECTED_FILE} to validate against: "
-                          "export the bundle again")  # fmt: skip
-    raw = read_listed(bundle.root, rel, files, role=EXPECTED_ROLE,
-                      max_bytes=MAX_EXPECTED_BYTES)  # fmt: skip
-    doc = expected_from_bytes(raw, str(bundle.root / rel))
+    target's output recorded at export (``expected.json``, read and checked by the open:
+    ``runtime.contents``; a bundle without one is refused there)."""
+    doc = bundle.expected
     n = min(max_new_tokens, int(doc["max_new_tokens"]))
     rows = [(r["task"], r["prompt_ids"], r["output_ids"][:n]) for r in doc["prompts"]]
     return "expected.json (eager fp32 target, recorded at export)", rows, n

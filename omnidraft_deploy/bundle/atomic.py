@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _RANDOM = re.compile(r"[a-z0-9_]{8}")  # tempfile._RandomNameSequence's alphabet and length
@@ -205,12 +205,14 @@ def publish_dir(staged: Path, final: Path, *, exchange: bool = True) -> None:
 
 @contextlib.contextmanager
 def staged_dir(
-    final_dir: str | os.PathLike[str], *, marker: str, exchange: bool = True
-) -> Iterator[Path]:
+    final_dir: str | os.PathLike[str], *, marker: str, exchange: bool = True,
+    before_publish: Callable[[], None] | None = None,
+) -> Iterator[Path]:  # fmt: skip
     """Yield a locked staging folder beside ``final_dir``; on success it replaces ``final_dir``.
 
     Before staging: ``clean_stale_dirs`` (recovery + leftovers of killed writers). The body must
-    write ``marker`` last; a body that raises, or ends without ``marker``, publishes nothing.
+    write ``marker`` last; a body that raises, or ends without ``marker``, publishes nothing, and
+    so does a ``before_publish`` that raises (its last look at ``final_dir``).
     """
     final = Path(final_dir)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +225,8 @@ def staged_dir(
         tmp.chmod(0o755)
         if not (tmp / marker).is_file():
             raise FileNotFoundError(f"{tmp}: staging finished without writing {marker}")
+        if before_publish is not None:
+            before_publish()
         publish_dir(tmp, final, exchange=exchange)
     finally:
         os.close(lock)

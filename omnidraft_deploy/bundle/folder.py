@@ -55,8 +55,9 @@ def verify_bundle(
 
     ``state`` (the bundle's session folder, ``state.state_dir``): identities of the files hashed
     are recorded there (``hash_record``), and with ``trust_record`` a file whose identity is
-    unchanged since it was recorded is not hashed again; ``trust_record=False`` hashes every file
-    (``omnidraft validate``) and refreshes the record.
+    unchanged since it was recorded, and whose size and sha256 the manifest states as recorded,
+    is not hashed again; ``trust_record=False`` hashes every file (``omnidraft validate``) and
+    refreshes the record. Either way every claim of the manifest is checked on every open.
     """
     root = Path(bundle_dir)
     manifest = read_manifest(root)
@@ -64,7 +65,10 @@ def verify_bundle(
     known = load_record(state, root) if state is not None and trust_record else {}
     recorded: dict[str, FileId] = {}
     for rel, entry in manifest.files.items():
-        if rel in known and file_id(stat_listed(root, rel), entry.sha256) == known[rel]:
+        # the record vouches for the bytes hashed, never for the manifest's claims: a size the
+        # manifest states differently from the recorded file's is checked (and refused) below
+        trusted = rel in known and known[rel]["size"] == entry.size
+        if trusted and file_id(stat_listed(root, rel), entry.sha256) == known[rel]:
             recorded[rel] = known[rel]
             continue
         hashed_at = time.time_ns()
@@ -82,9 +86,16 @@ def atomic_bundle_dir(
 ) -> Iterator[Path]:
     """Yield a staging folder beside ``final_dir``; once the body has written ``manifest.json``
     it replaces ``final_dir`` whole (``atomic.staged_dir``: leftovers of killed exports are
-    deleted first, the swap never leaves ``final_dir`` missing)."""
+    deleted first, the swap never leaves ``final_dir`` missing), unless ``final_dir`` then holds
+    anything but its old bundle's own files (``replace.refuse_foreign``: kept, nothing published)."""
+    from omnidraft_deploy.bundle.replace import refuse_foreign
+
+    def last_look() -> None:  # nothing of the user's appeared there while the export ran
+        refuse_foreign(Path(final_dir))
+
     try:
-        with staged_dir(final_dir, marker=MANIFEST_NAME, exchange=exchange) as tmp:
+        with staged_dir(final_dir, marker=MANIFEST_NAME, exchange=exchange,
+                        before_publish=last_look) as tmp:  # fmt: skip
             yield tmp
     except FileNotFoundError as e:
         if MANIFEST_NAME in str(e):

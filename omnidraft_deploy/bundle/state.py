@@ -42,5 +42,9 @@ def state_dir(bundle_dir: str | os.PathLike[str], override: str | os.PathLike[st
     folder = Path(override) if override else state_root() / "bundles" / bundle_id(bundle_dir)
     if folder.resolve().is_relative_to(Path(bundle_dir).resolve()):
         raise ValueError(f"--state {folder}: inside the bundle; bundles stay read-only")
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file in the way (FileExistsError), a read-only disk, no permission
+        what = "--state" if override else "the session folder (set --state or $OMNIDRAFT_STATE)"
+        raise ValueError(f"{what} {folder}: cannot be used as a folder ({e.strerror})") from None
     return folder

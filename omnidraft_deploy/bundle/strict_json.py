@@ -56,3 +56,17 @@ def check_finite(where: str, value: object) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             check_finite(f"{where}[{i}]", item)
+
+
+def parse_strict(text: str, *, max_depth: int) -> Any:
+    """JSON from outside, every rule of the module docstring at once: ``ValueError`` for nesting
+    deeper than ``max_depth`` (checked before parsing: no recursion), a duplicate key, or NaN /
+    infinity anywhere (``1e999`` parses as infinity)."""
+    if depth(text, max_depth) > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels")
+    value = loads_strict(text)
+    try:
+        check_finite("", value)
+    except ValueError as e:  # the path from the top: "field .eos_ids[0]" -> "field eos_ids[0]"
+        raise ValueError(str(e).replace("field .", "field ", 1)) from None
+    return value

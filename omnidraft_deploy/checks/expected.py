@@ -56,16 +56,85 @@ def to_bytes(doc: dict[str, Any]) -> bytes:
     return (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
 
 
-def from_bytes(data: bytes, source: str) -> dict[str, Any]:
-    """Parse and check ``expected.json``; ``ValueError`` naming ``source`` and the problem."""
+MAX_PROMPTS = 1024
+MAX_TOKENS = 1 << 16  # max_new_tokens, and ids in one row
+MAX_IDS = 1 << 24  # the manifest's bound on a vocabulary
+FIELDS = {"version": True, "max_new_tokens": True, "prompts": True, "vocab_limit": False,
+          "eos_ids": False}  # name -> required  # fmt: skip
+ROW_FIELDS = {"task": True, "prompt_ids": True, "output_ids": True, "text": False,
+              "output_text": False}  # fmt: skip
+
+
+def _fields(where: str, obj: object, fields: dict[str, bool]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'the file'} is not a JSON object")
+    unknown = sorted(set(obj) - set(fields))
+    missing = [k for k, required in fields.items() if required and k not in obj]
+    prefix = f"{where}." if where else ""
+    if unknown or missing:
+        raise ValueError(f"unknown fields {unknown} in {where or 'the file'}" if unknown
+                         else f"field {prefix}{missing[0]} missing")  # fmt: skip
+    return obj
+
+
+def _int(where: str, value: object, lo: int, hi: int) -> int:
+    if type(value) is not int:  # a bool or a float is not an integer here
+        raise ValueError(f"field {where}: expected an integer, got {value!r:.40}")
+    if not lo <= value <= hi:
+        raise ValueError(f"field {where}: {value} outside [{lo}, {hi}]")
+    return value
+
+
+def _ids(where: str, value: object, vocab: int, lo: int = 0) -> list[int]:
+    if type(value) is not list or not lo <= len(value) <= MAX_TOKENS:
+        raise ValueError(f"field {where}: expected a list of {lo} to {MAX_TOKENS} ids")
+    return [_int(f"{where}[{i}]", v, 0, vocab - 1) for i, v in enumerate(value)]
+
+
+def _text(where: str, value: object) -> str:
+    if type(value) is not str:
+        raise ValueError(f"field {where}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _row(where: str, row: object, vocab: int, max_new: int) -> dict[str, Any]:
+    row = _fields(where, row, ROW_FIELDS)
+    _text(f"{where}.task", row["task"])
+    for key in ("text", "output_text"):
+        if key in row:
+            _text(f"{where}.{key}", row[key])
+    _ids(f"{where}.prompt_ids", row["prompt_ids"], vocab, lo=1)
+    if len(_ids(f"{where}.output_ids", row["output_ids"], vocab)) > max_new:
+        raise ValueError(f"field {where}.output_ids: more than max_new_tokens ({max_new}) ids")
+    return row
+
+
+def from_bytes(data: bytes, source: str, *, vocab_size: int | None = None) -> dict[str, Any]:
+    """``expected.json`` read by its schema (module docstring): exact JSON types (a bool or a
+    float is no id), ``max_new_tokens`` in [1, ``MAX_TOKENS``], 1 to ``MAX_PROMPTS`` prompts,
+    every id in ``[0, vocab_size)`` (the target tokenizer's ids: the ``vocab_limit`` it states
+    too; None: the stated limit), no other field, no NaN, nesting bounded. ``ValueError`` naming ``source`` and the
+    field otherwise."""
+    from omnidraft_deploy.bundle.strict_json import parse_strict
+
     try:
-        doc = json.loads(data.decode("utf-8"))
-        if doc.get("version") != VERSION:
-            raise ValueError(f"version {doc.get('version')!r}, this reader reads {VERSION}")
-        for row in doc["prompts"]:
-            if not all(isinstance(i, int) for i in row["prompt_ids"] + row["output_ids"]):
-                raise ValueError("ids must be integers")
-        int(doc["max_new_tokens"])
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        doc = _fields("", parse_strict(data.decode("utf-8"), max_depth=4), FIELDS)
+        if doc["version"] != VERSION or type(doc["version"]) is not int:
+            raise ValueError(f"version {doc['version']!r:.40}, this reader reads {VERSION}")
+        max_new = _int("max_new_tokens", doc["max_new_tokens"], 1, MAX_TOKENS)
+        vocab = vocab_size or MAX_IDS
+        if "vocab_limit" in doc:
+            lo, hi = (1, MAX_IDS) if vocab_size is None else (vocab_size, vocab_size)
+            vocab = _int("vocab_limit", doc["vocab_limit"], lo, hi)
+        if "eos_ids" in doc:
+            _ids("eos_ids", doc["eos_ids"], vocab)
+        rows = doc["prompts"]
+        if type(rows) is not list or not 1 <= len(rows) <= MAX_PROMPTS:
+            raise ValueError(f"field prompts: expected a list of 1 to {MAX_PROMPTS} prompts")
+        for i, row in enumerate(rows):
+            _row(f"prompts[{i}]", row, vocab, max_new)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except ValueError as e:
         raise ValueError(f"{source}: not a valid expected-output file ({e})") from None
     return dict(doc)

@@ -214,6 +214,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         status = run_remote(socket_path(state), request, sys.stdout, sys.stderr)
         if status is not None:
             return status
+    if args.chat:  # the template's sandboxed renderer starts while the bundle opens
+        from omnidraft_deploy.vocab.chat_sandbox import prestart
+
+        prestart()
     from omnidraft_deploy.runtime.session import generate, open_session
 
     session = open_session(args.bundle, provider=args.provider, state=state, target=args.target,
@@ -223,9 +227,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_request(args: argparse.Namespace) -> Any:
-    """``run``'s flags as a ``cli.protocol.RunRequest`` (the prompt file read)."""
-    from omnidraft_deploy.cli.protocol import RunRequest
+    """``run``'s flags as a ``request.protocol.RunRequest`` (the prompt file read)."""
+    from omnidraft_deploy.request.protocol import RunRequest
+    from omnidraft_deploy.resolve.out_dir import InputError
 
+    if args.mode != "greedy" and args.temperature <= 0:
+        raise InputError("--temperature", f"--mode {args.mode} samples: it needs a temperature "
+                         "> 0 (--mode greedy for argmax decoding)")  # fmt: skip
     return RunRequest(
         bundle=str(Path(args.bundle).resolve()), target=args.target, provider=args.provider,
         prompt=_prompt_text(args.prompt, args.prompt_file), chat=args.chat, mode=args.mode,
@@ -268,7 +276,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _prompt_text(prompt: str, prompt_file: str | None) -> str:
-    """``--prompt``, or the text of ``--prompt-file`` (UTF-8; a missing file names itself)."""
+    """``--prompt``, or the text of ``--prompt-file`` (UTF-8; any failure names the flag)."""
     if prompt_file is None:
         return prompt
     try:
@@ -276,6 +284,8 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
     except UnicodeDecodeError as e:
         raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text ({e.reason} at byte "
                          f"{e.start})") from None  # fmt: skip
+    except OSError as e:  # gone since the parse, a folder, no permission
+        raise ValueError(f"--prompt-file {prompt_file}: cannot be read ({e.strerror})") from None
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:

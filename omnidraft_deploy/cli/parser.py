@@ -8,6 +8,8 @@ unset ones) and the export recipes.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +74,65 @@ def utf8_text(text: str) -> str:
     return text
 
 
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+MAX_TOKENS_FLAG = (1 << 31) - 1
+
+
+def finite_float(lo: float, hi: float) -> Callable[[str], float]:
+    """A ``type=`` for a number in ``[lo, hi]``: NaN and infinity refused at parse time, so the
+    error names the flag (argparse prefixes ``argument --flag:``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not a number") from None
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not a finite number in [{lo:g}, "
+                                             f"{hi:g}]")  # fmt: skip
+        return value
+
+    return parse
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """A ``type=`` for an integer in ``[lo, hi]`` (argparse names the flag in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is outside [{lo}, {hi}]")
+        return value
+
+    return parse
+
+
+def text_file(path: str) -> str:
+    """A ``type=`` for a file to read (``--prompt-file``): it exists and is not a folder."""
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r:.200} is a folder, not a file")
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{path!r:.200}: no such file")
+    return path
+
+
+def folder_path(path: str) -> str:
+    """A ``type=`` for a folder that may not exist yet (``--state``): not an existing file."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path!r:.200} exists and is not a folder")
+    return path
+
+
+TEMPERATURE = finite_float(0.0, 1e6)
+TOP_P = finite_float(0.0, 1.0)
+SEED = int_in(*SEED_RANGE)
+NEW_TOKENS = int_in(1, MAX_TOKENS_FLAG)
+DRAFT_LEN = int_in(1, 32)
+
+
 def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
     """The export verb's flags (12), shared by ``omnidraft export`` and ``omnidraft-export``."""
     p.add_argument("--target", help="target preset, see `omnidraft presets` (default: the "
@@ -109,11 +170,11 @@ def add_decode_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help="drafter preset")
     p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
-    p.add_argument("--temperature", type=float, default=1.0, help="for exact/omnidraft modes")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--draft-len", type=int, default=4)
+    p.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="for exact/omnidraft modes")
+    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=48)
+    p.add_argument("--draft-len", type=DRAFT_LEN, default=4)
     p.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
 
 
 TARGET_HELP = "which target of a multi-target bundle (the error without it lists them)"
@@ -123,15 +184,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle")
     p.add_argument("--target", help=TARGET_HELP)
     p.add_argument("--prompt", default=DEFAULT_PROMPT, type=utf8_text)
-    p.add_argument("--prompt-file", help="read the prompt from this UTF-8 file instead")
+    p.add_argument("--prompt-file", type=text_file,
+                   help="read the prompt from this UTF-8 file instead")  # fmt: skip
     p.add_argument("--chat", action="store_true", help="wrap --prompt in the model's chat template")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=48)
     p.add_argument("--mode", default="greedy", choices=["greedy", "exact", "omnidraft"])
-    p.add_argument("--temperature", type=float, default=0.7, help="exact/omnidraft modes")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (exact/omnidraft)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--temperature", type=TEMPERATURE, default=0.7, help="exact/omnidraft modes")
+    p.add_argument("--top-p", type=TOP_P, default=None, help="nucleus sampling (exact/omnidraft)")
+    p.add_argument("--seed", type=SEED, default=0, help="sampling seed")
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
-    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
     p.add_argument("--stats", nargs="?", const="summary", choices=["summary", "steps"],
                    help="also run target-only: speedup, acceptance, identical? (stderr); "
                         "'--stats steps': and every step's proposals")  # fmt: skip
@@ -144,9 +206,9 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p = _verb(sub, "validate", "check bundles against their recorded reference", handlers, common)
     p.add_argument("bundles", nargs="+")
     p.add_argument("--target", help="check this target only (default: every target)")
-    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=16)
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
-    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
     p = _verb(sub, "run", "generate from a bundle (streams text)", handlers, common)
     p.epilog = RUN_EPILOG
     _add_run_flags(p)
@@ -157,11 +219,11 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--reps", type=int, default=7, help="interleaved rounds (medians kept)")
     p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
     p.add_argument("--target", help=TARGET_HELP)
-    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
     p = _verb(sub, "serve", SERVE_HELP, handlers, common)
     p.add_argument("bundle")
     p.add_argument("--target", help=TARGET_HELP)
-    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
     p.add_argument("--threads", type=int, help="ORT intra-op threads (default: physical cores)")
     p.add_argument("--provider", choices=["cpu", "qnn"], help=PROVIDER_HELP)
     p.add_argument("--socket", help=SOCKET_HELP)
@@ -177,7 +239,7 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
         help="multi-target bundle: adapt the drafter of this target on its "
         "traffic; the weights go to its state folder, the bundle is not written",
     )
-    p.add_argument("--state", help=STATE_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
 
 
 def _verb(sub: Any, name: str, help: str, handlers: Mapping[str, Handler], common: Any) -> Any:

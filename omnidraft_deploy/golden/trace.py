@@ -42,10 +42,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from omnidraft_deploy.cli.streaming import TextStreamer
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
+from omnidraft_deploy.request.streaming import TextStreamer
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, make_policy

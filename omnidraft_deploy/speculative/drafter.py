@@ -31,7 +31,7 @@ from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy, last_logits
 from omnidraft_deploy.speculative.draft_len import confidence_features
 from omnidraft_deploy.speculative.kv_reuse import keep, reusable
-from omnidraft_deploy.speculative.sampling import logits_to_probs, restrict, sample
+from omnidraft_deploy.speculative.sampling import has_mass, logits_to_probs, restrict, sample
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -133,13 +133,18 @@ class CrossVocabDrafter:
 
     def _pick(
         self, logits: Tensor, generator: torch.Generator | None
-    ) -> tuple[int, float, Tensor | None]:
+    ) -> tuple[int, float, Tensor | None] | None:
         """(drafted id, its proposal probability, its sampling law or None when greedy); ``logits``:
         (V_d,), already cut to the map's drafter vocabulary by ``_forward``. Greedy drafting is
-        one numpy argmax over the row: no probability row is built."""
+        one numpy argmax over the row: no probability row is built. None when the sampling law
+        has no mass (``exact``: every DM token's probability underflowed to 0, e.g. a lead of
+        more than ~10 logits at T = 0.1): nothing is drafted, so the target samples the step
+        itself and the output law stays exactly the target's."""
         if self.temperature <= 0:
             return int(np.argmax(logits.numpy())), 1.0, None
         probs = self._draft_probs(logits)
+        if not has_mass(probs):
+            return None
         d = sample(probs, generator)
         return d, float(probs[d]), probs
 
@@ -157,7 +162,10 @@ class CrossVocabDrafter:
         for i in range(k):
             logits = self._forward(feed, start).detach().float()
             start += len(feed)
-            d, q, probs = self._pick(logits, generator)
+            picked = self._pick(logits, generator)
+            if picked is None:  # no law to draw from: propose what was drafted so far
+                break
+            d, q, probs = picked
             drafts.append(d)
             q_tok.append(q)
             if probs is not None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from omnidraft_deploy.cli.protocol import RunRequest
 from omnidraft_deploy.ngram.format import from_bytes as ngram_from_bytes
 from omnidraft_deploy.ngram.format import to_bytes
+from omnidraft_deploy.request.protocol import RunRequest
 
 pytest.importorskip("onnxruntime")
 
@@ -144,16 +144,21 @@ def test_the_server_readies_the_next_request_between_connections(tmp_path: Path)
     assert stopped == "SIGTERM" and calls == [0, 1] and not path.exists()
 
 
-def test_a_chat_template_is_compiled_once_and_errors_stay_value_errors() -> None:
-    from omnidraft_deploy.vocab.bundle_tokenizer import _compiled, render_chat
+def test_a_chat_template_renders_in_one_kept_worker_and_errors_stay_value_errors() -> None:
+    """A served session renders every request's prompt: the sandboxed worker that answered
+    stays for the next render (compiled once there); a failure is a ``ValueError`` naming the
+    template and the worker is replaced."""
+    from omnidraft_deploy.vocab import chat_sandbox
+    from omnidraft_deploy.vocab.bundle_tokenizer import render_chat
 
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
-    _compiled.cache_clear()
     assert render_chat(template, "a") == "<user>a<assistant>"
+    worker = chat_sandbox._WORKER[0]
     assert render_chat(template, "b") == "<user>b<assistant>"
-    assert _compiled.cache_info().misses == 1 and _compiled.cache_info().hits == 1
-    with pytest.raises(ValueError, match="does not render"):
-        render_chat("{% for %}", "a")
+    assert [worker] == chat_sandbox._WORKER and worker.proc.poll() is None
+    with pytest.raises(ValueError, match="t/chat_template.jinja: .*does not render"):
+        render_chat("{% for %}", "a", source="t/chat_template.jinja")
+    assert worker.proc.poll() is not None and not chat_sandbox._WORKER  # killed, not kept
     with pytest.raises(ValueError, match="no system turns"):
         render_chat("{{ raise_exception('no system turns') }}", "a")
 

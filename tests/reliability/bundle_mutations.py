@@ -1,11 +1,15 @@
 """A small valid bundle and file-system-level mutations of it, for fuzzing the bundle opener.
 
 The seed bundle holds real ODVM / ODNG files, two minimal ONNX graphs carrying the graph metadata
-the opener checks (no weights: the opener's checks run before any session, ``check_bundle``), a
-tokenizer file in a subfolder and a valid manifest. ``MUTATIONS`` edit a copy; the ``BREAKS``
-set always makes the bundle invalid (a symlink, a file changed behind the manifest's back, an
-unlisted table, a path out of the folder, ...), so accepting it is an invalid accept. The others
-change a file *and* its manifest entry, so the opener may accept the result if it is valid.
+the opener checks (no weights: the opener's checks run before any session, ``check_bundle``),
+both tokenizers (a real ``tokenizers`` file with exactly the map's ids on each side,
+``special_tokens.json``, the target's chat template), ``expected.json`` and a valid manifest.
+``MUTATIONS`` edit a copy; the ``BREAKS`` set always makes the bundle invalid (a symlink, a file
+changed behind the manifest's back, a size the manifest misstates, a quantization label the graph
+contradicts, a tokenizer whose ids the map does not cover, an unlisted table, a path out of the
+folder, ...), so accepting it is an invalid accept. The others change a file *and* its manifest
+entry (or drop a file the opener can do without), so the opener may accept the result if it is
+valid (``accepted_is_valid`` then checks what was read, independently of the readers).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import mutations
 import torch
-from mutations import reseal, small_mapper
+from mutations import EXPECTED_PATHS, SPECIAL_PATHS, reseal, small_mapper
 
 from omnidraft_deploy.bundle.files import file_entry
 from omnidraft_deploy.bundle.manifest import Manifest
@@ -56,6 +61,7 @@ def _graph_bytes(info: GraphInfo | dict, location: str | None = None) -> bytes:
 
 
 VOCABS = {"target": GRAPH_VOCAB}  # the drafter's is the seed map's (set by make_seed)
+MAP_SIZES: dict[str, int] = {}  # role -> the seed map's ids on that side (set by make_seed)
 
 
 def _info(role: str) -> GraphInfo:
@@ -88,6 +94,38 @@ def _spelled(m: VocabMapper) -> VocabMapper:
                        placeholder_counts=m.placeholder_counts)  # fmt: skip
 
 
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+
+
+def tokenizer_json(n: int) -> bytes:
+    """A real ``tokenizers`` file with exactly ``n`` ids (a word-level vocabulary)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    tok = Tokenizer(WordLevel({f"w{i}": i for i in range(n)}, unk_token="w0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    return str(tok.to_str()).encode()
+
+
+def tokenizer_files(role: str, n: int, eos: tuple[int, ...]) -> dict[str, tuple[bytes, str]]:
+    folder, special = f"{role}_tokenizer", {"name": f"seed-{role}", "bos_id": None,
+                                            "eos_ids": list(eos), "vocab_size": n}  # fmt: skip
+    files = {f"{folder}/tokenizer.json": (tokenizer_json(n), folder),
+             f"{folder}/special_tokens.json": (json.dumps(special).encode(), folder)}  # fmt: skip
+    if role == "target":
+        files[f"{folder}/chat_template.jinja"] = (CHAT_TEMPLATE.encode(), folder)
+    return files
+
+
+def expected_bytes(vocab: int) -> bytes:
+    row = {"task": "t", "text": "w0", "prompt_ids": [0], "output_ids": [vocab - 1, 0],
+           "output_text": ""}  # fmt: skip
+    doc = {"version": 1, "max_new_tokens": 2, "vocab_limit": vocab, "eos_ids": [],
+           "prompts": [row]}  # fmt: skip
+    return json.dumps(doc).encode()
+
+
 def make_seed(root: Path, seed: int = 0) -> Path:
     rng = random.Random(seed)
     while True:
@@ -95,6 +133,7 @@ def make_seed(root: Path, seed: int = 0) -> Path:
         if mapper.draft_vocab_size >= 2:
             break
     VOCABS["drafter"] = mapper.draft_vocab_size  # drafter ids index the map directly
+    MAP_SIZES.update(drafter=mapper.draft_vocab_size, target=mapper.target_vocab_size)
     cache = NGramCache()
     for _ in range(20):
         cache.update(
@@ -103,6 +142,7 @@ def make_seed(root: Path, seed: int = 0) -> Path:
         )
     root.mkdir(parents=True)
     (root / "target_tokenizer").mkdir()
+    (root / "drafter_tokenizer").mkdir()
     files = {
         "vocab_map.bin": (odvm.to_bytes(mapper), "vocab_map"),
         "ngram_cache.bin": (
@@ -115,7 +155,9 @@ def make_seed(root: Path, seed: int = 0) -> Path:
         ),
         "drafter.onnx": (_graph_bytes(_info("drafter")), "drafter_graph"),
         "target.onnx": (_graph_bytes(_info("target")), "target_graph"),
-        "target_tokenizer/tokenizer.json": (b'{"model": "toy"}', "target_tokenizer"),
+        **tokenizer_files("target", mapper.target_vocab_size, mapper.target_eos),
+        **tokenizer_files("drafter", mapper.draft_vocab_size, mapper.draft_eos),
+        "expected.json": (expected_bytes(mapper.target_vocab_size), "expected"),
     }
     entries: dict[str, FileEntry] = {}
     for rel, (data, role) in files.items():
@@ -128,10 +170,16 @@ def make_seed(root: Path, seed: int = 0) -> Path:
     return root
 
 
+TOKENIZER_FILES = ["target_tokenizer/tokenizer.json", "target_tokenizer/special_tokens.json",
+                   "target_tokenizer/chat_template.jinja", "drafter_tokenizer/tokenizer.json",
+                   "drafter_tokenizer/special_tokens.json"]  # fmt: skip
+LISTED = ["vocab_map.bin", "ngram_cache.bin", "drafter.onnx", "target.onnx", "expected.json",
+          *TOKENIZER_FILES]  # fmt: skip
+
+
 def _listed(rng: random.Random, root: Path | None = None) -> str:
     """A listed file; with ``root``, one that is still a plain file (else OSError: skipped)."""
-    rel = rng.choice(["vocab_map.bin", "ngram_cache.bin", "drafter.onnx", "target.onnx",
-                      "target_tokenizer/tokenizer.json"])  # fmt: skip
+    rel = rng.choice(LISTED)
     if root is not None and ((root / rel).is_symlink() or not (root / rel).is_file()):
         raise FileNotFoundError(rel)
     return rel
@@ -238,11 +286,157 @@ def extras(root: Path, doc: dict, rng: random.Random) -> None:
                                 {"seed": "x"}, {"seed": 10**30}, {"a": [{"b": None}]}])  # fmt: skip
 
 
+def json_edit(text: str, rng: random.Random, paths: list[tuple]) -> str:
+    """``mutations.json_edit`` driven by ``rng``."""
+    return mutations.json_edit(text, mutations.RandomPick(rng.randrange(2**32)), paths)
+
+
+def _edit_listed(root: Path, doc: dict, rel: str, edit: Callable[[bytes], bytes]) -> None:
+    if rel not in doc["files"] or (root / rel).is_symlink() or not (root / rel).is_file():
+        raise FileNotFoundError(rel)
+    (root / rel).write_bytes(edit((root / rel).read_bytes()))
+    relist(root, doc, rel)
+
+
+def special_value(root: Path, doc: dict, rng: random.Random) -> None:
+    rel = f"{rng.choice(['drafter', 'target'])}_tokenizer/special_tokens.json"
+    _edit_listed(root, doc, rel, lambda b: json_edit(b.decode(), rng, SPECIAL_PATHS).encode())
+
+
+def expected_value(root: Path, doc: dict, rng: random.Random) -> None:
+    _edit_listed(root, doc, "expected.json",
+                 lambda b: json_edit(b.decode(), rng, EXPECTED_PATHS).encode())  # fmt: skip
+
+
+def tokenizer_bytes(root: Path, doc: dict, rng: random.Random) -> None:
+    """A tokenizer file's bytes edited (flipped, cut, a JSON token replaced), relisted."""
+    rel = f"{rng.choice(['drafter', 'target'])}_tokenizer/tokenizer.json"
+
+    def edit(data: bytes) -> bytes:
+        op, at = rng.choice(["flip", "trunc", "token", "deep"]), rng.randrange(len(data))
+        if op == "flip":
+            return data[:at] + bytes([data[at] ^ (1 << rng.randrange(8))]) + data[at + 1 :]
+        if op == "trunc":
+            return data[:at]
+        if op == "deep":
+            return b'{"model": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        return data.replace(b'"WordLevel"', rng.choice([b'"BPE"', b'"Unigram"', b"1e999", b"[]"]))
+
+    _edit_listed(root, doc, rel, edit)
+
+
+def template_bytes(root: Path, doc: dict, rng: random.Random) -> None:
+    """The chat template replaced (non-UTF-8, over the cap, a template that would hang or raise:
+    a template runs only for ``run --chat``, in its sandbox), relisted."""
+    data = rng.choice([b"\xff\xfe{{ x }}", b"x" * ((1 << 20) + 1), b"{% for %}", b"",
+                       b"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                       b"{% endfor %}", b"{{ range(10**9)|list }}"])  # fmt: skip
+    _edit_listed(root, doc, "target_tokenizer/chat_template.jinja", lambda _: data)
+
+
+def unlist_special(root: Path, doc: dict, rng: random.Random) -> None:
+    """Drop a ``special_tokens.json`` from the manifest (an older bundle's shape): the map must
+    then be held against the tokenizer file itself."""
+    rel = f"{rng.choice(['drafter', 'target'])}_tokenizer/special_tokens.json"
+    if rel not in doc["files"]:
+        raise FileNotFoundError(rel)
+    del doc["files"][rel]
+
+
+def size_claim(root: Path, doc: dict, rng: random.Random) -> None:
+    """The manifest states another size for an unchanged file (issue 47: trusted from a hash
+    record, ``run`` once accepted what ``validate`` refused)."""
+    entry = doc["files"][rng.choice(LISTED)]
+    size = entry["size"]
+    entry["size"] = rng.choice([size + 1, size + 1000, max(0, size - 1) if size else 7, 0 if size
+                                else 1])  # fmt: skip
+
+
+def quant_label(root: Path, doc: dict, rng: random.Random) -> None:
+    """The manifest relabels an fp32 graph (``validate`` holds only fp32 to equality)."""
+    from omnidraft_deploy.catalog.backends import recipe_names
+
+    role = rng.choice(["drafter", "target"])
+    labels = [n for n in recipe_names("onnx") if n != "fp32"]
+    doc["graphs"][role]["quantization"] = rng.choice([*labels, "int8w", "qdq-u8"])
+
+
+def tokenizer_mismatch(root: Path, doc: dict, rng: random.Random) -> None:
+    """A tokenizer whose id count is not the map's, relisted, its ``special_tokens.json`` unlisted
+    or not (the map then covers a slice of the tokenizer's ids, or more than it has)."""
+    role = rng.choice(["drafter", "target"])
+    n = MAP_SIZES[role]
+    size = n + rng.choice([-1, 1, 500]) if n > 1 else n + 1
+    _edit_listed(root, doc, f"{role}_tokenizer/tokenizer.json", lambda _: tokenizer_json(size))
+    if rng.random() < 0.5:
+        doc["files"].pop(f"{role}_tokenizer/special_tokens.json", None)
+
+
+def unlist_required(root: Path, doc: dict, rng: random.Random) -> None:
+    """A file the opener needs dropped from the manifest or listed under another role."""
+    rel = rng.choice(["expected.json", "target_tokenizer/tokenizer.json",
+                      "drafter_tokenizer/tokenizer.json"])  # fmt: skip
+    if rel not in doc["files"]:
+        raise FileNotFoundError(rel)
+    if rng.random() < 0.5:
+        del doc["files"][rel]
+    else:
+        doc["files"][rel]["role"] = "extra"
+
+
 Mutation = Callable[[Path, dict, random.Random], None]
 BREAKS: dict[str, Mutation] = {f.__name__: f for f in (
     symlink_file, symlink_dir, symlink_unlisted, fifo, delete, dir_for_file, change_unlisted,
-    unlist, traversal, external_data)}  # fmt: skip
-KEEPS: dict[str, Mutation] = {
-    f.__name__: f for f in (graph_meta, table_bytes, manifest_field, extras)
-}
+    unlist, traversal, external_data, size_claim, quant_label, tokenizer_mismatch,
+    unlist_required)}  # fmt: skip
+KEEPS: dict[str, Mutation] = {f.__name__: f for f in (
+    graph_meta, table_bytes, manifest_field, extras, special_value, expected_value,
+    tokenizer_bytes, template_bytes, unlist_special)}  # fmt: skip
+# breaks that a later edit relisting the same file can legitimately repair
+REPAIRABLE = {"change_unlisted", "size_claim"}
 MUTATIONS: dict[str, Mutation] = BREAKS | KEEPS
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"accepted a JSON file holding {name}")
+
+
+def _strict(text: str) -> object:
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _exact_ids(value: object, n: int, where: str) -> None:
+    assert type(value) is list, f"accepted {where} = {value!r:.40}"
+    assert all(type(i) is int and 0 <= i < n for i in value), f"accepted {where} = {value!r:.40}"
+
+
+def accepted_is_valid(root: Path, doc: dict) -> None:
+    """Oracle for an accepted bundle, independent of the readers (issue 47): every listed size is
+    the file's; each graph's own metadata carries the manifest's quantization label; each
+    tokenizer file has the map's ids on its side; every listed ``special_tokens.json`` and
+    ``expected.json`` has exact JSON types (no float, bool or string id) within those ids."""
+    import onnx
+
+    for rel, entry in doc["files"].items():
+        assert (root / rel).stat().st_size == entry["size"], f"accepted a wrong size for {rel}"
+    for role, g in doc["graphs"].items():
+        meta = {p.key: p.value for p in onnx.load(str(root / g["file"])).metadata_props}
+        label = json.loads(meta["omnidraft.graph_info"])["quantization"]
+        assert label == g["quantization"], f"accepted {role} labelled {g['quantization']}"
+    for role, n in MAP_SIZES.items():
+        folder = f"{role}_tokenizer"
+        vocab = _strict((root / folder / "tokenizer.json").read_text())["model"]["vocab"]  # type: ignore[index]
+        assert len(vocab) == n, f"accepted a {len(vocab)}-id {role} tokenizer for a {n}-id map"
+        if f"{folder}/special_tokens.json" in doc["files"]:
+            sp = _strict((root / folder / "special_tokens.json").read_text())
+            assert isinstance(sp, dict) and set(sp) == {"name", "bos_id", "eos_ids", "vocab_size"}
+            assert type(sp["name"]) is str and sp["name"] and sp["vocab_size"] == n, sp
+            _exact_ids(sp["eos_ids"] + ([] if sp["bos_id"] is None else [sp["bos_id"]]), n,
+                       f"{role} special ids")  # fmt: skip
+    exp = _strict((root / "expected.json").read_text())
+    assert isinstance(exp, dict) and exp["version"] == 1 and type(exp["max_new_tokens"]) is int
+    n = MAP_SIZES["target"]
+    for row in exp["prompts"]:
+        _exact_ids(row["prompt_ids"], n, "prompt_ids")
+        _exact_ids(row["output_ids"], n, "output_ids")
+        assert row["prompt_ids"] and len(row["output_ids"]) <= exp["max_new_tokens"]

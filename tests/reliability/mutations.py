@@ -18,6 +18,7 @@ and any failing input is replayed from its seed alone).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -372,3 +373,123 @@ def odng_seed_cache(rng: random.Random, n: int, policy: str) -> NGramCache:
     return NGramCache.from_checked_rows(
         list(rows), [rng.randrange(500) for _ in rows], uses, policy=policy
     )
+
+
+# ---------------------------------------------------------------- special_tokens.json, expected.json
+# raw JSON values a crafted file may hold where the readers expect ids, names, counts and lists
+RAW_VALUES = ["1e999", "-1e999", "NaN", "Infinity", "1.7", "1.0", "true", "false", "null", '"x"',
+              "-1", "0", "1", "2", "3", "4294967296", "99999999999999999999999", "1" * 5000, "[]",
+              "[1.7, true]", "[1e999]", "[0]", "[-1]", "[0, 0]", "[true]", '["1"]', '{"a": 1}',
+              "[" * 20 + "]" * 20, "[" * 100_000 + "]" * 100_000, '"' + "x" * 300 + '"']  # fmt: skip
+SPECIAL_PATHS = [("name",), ("bos_id",), ("eos_ids",), ("eos_ids", 0), ("vocab_size",), ("z",)]
+EXPECTED_PATHS = [("version",), ("max_new_tokens",), ("vocab_limit",), ("eos_ids",),
+                  ("prompts",), ("prompts", 0), ("prompts", 0, "prompt_ids"),
+                  ("prompts", 0, "prompt_ids", 0), ("prompts", 0, "output_ids"),
+                  ("prompts", 0, "output_ids", 0), ("prompts", 0, "task"), ("z",)]  # fmt: skip
+SPECIAL_VOCAB = 1000  # the tokenizer the fuzzed special_tokens.json describes
+
+
+def json_edit(text: str, pick: Pick, paths: list[tuple[Any, ...]]) -> str:
+    """One structure-aware edit of a JSON text: a field (by path) set to a raw crafted value,
+    deleted or added, a key duplicated, the text truncated. ``KeyError`` / ``IndexError`` /
+    ``TypeError`` when an earlier edit removed the path (the caller skips the edit)."""
+    op = pick.choice(["set", "set", "set", "set", "delete", "dupkey", "trunc"])
+    if op == "trunc":
+        return text[: pick.int(0, max(0, len(text) - 1))]
+    if op == "dupkey":
+        return text[:-1] + ', "' + str(pick.choice(paths)[0]) + '": 1}'
+    doc = json.loads(text)
+    path = pick.choice(paths)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    if op == "delete":
+        del parent[path[-1]]
+        return json.dumps(doc)
+    parent[path[-1]] = "__RAW__"
+    return json.dumps(doc).replace('"__RAW__"', pick.choice(RAW_VALUES))
+
+
+def _edited(text: str, pick: Pick, paths: list[tuple[Any, ...]]) -> bytes:
+    for _ in range(pick.int(0, 3)):  # an edit whose path is gone (or the text cut) is skipped
+        with contextlib.suppress(KeyError, IndexError, TypeError, ValueError, RecursionError):
+            text = json_edit(text, pick, paths)
+    return text.encode("utf-8")
+
+
+def special_input(pick: Pick) -> bytes:
+    doc = {"name": pick.choice(["qwen2", "llama3", "x"]), "bos_id": pick.choice([None, 1, 999]),
+           "eos_ids": [pick.int(0, SPECIAL_VOCAB - 1) for _ in range(pick.int(0, 3))],
+           "vocab_size": pick.choice([SPECIAL_VOCAB, SPECIAL_VOCAB, 10])}  # fmt: skip
+    if pick.int(0, 4) == 0:
+        del doc["vocab_size"]  # a bundle from before issue 28
+    return _edited(json.dumps(doc), pick, SPECIAL_PATHS)
+
+
+def _strict_doc(data: bytes) -> Any:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"accepted a file holding {name}")
+
+    return json.loads(data.decode("utf-8"), parse_constant=refuse)
+
+
+def _ids_ok(value: object, n: int) -> bool:
+    return type(value) is list and all(type(i) is int and 0 <= i < n for i in value)
+
+
+def check_special(data: bytes) -> str:
+    """``read_special``: refused with a ``BundleError`` naming the file, or accepted with every
+    documented type exact (the oracle reads the JSON itself)."""
+    from pathlib import Path
+
+    from omnidraft_deploy.vocab.bundle_tokenizer import read_special
+
+    try:
+        got = read_special(data, Path("b/special_tokens.json"))
+    except BundleError as e:
+        assert str(e).startswith("b/special_tokens.json: ") and e.problem, e
+        return "rejected"
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"crash: {type(e).__name__}: {e}") from e
+    doc = _strict_doc(data)
+    assert isinstance(doc, dict) and {"name", "bos_id", "eos_ids"} <= set(doc)
+    assert set(doc) <= {"name", "bos_id", "eos_ids", "vocab_size"}, doc
+    n = doc.get("vocab_size", 1 << 24)
+    assert type(n) is int and 1 <= n <= 1 << 24 and type(doc["name"]) is str and doc["name"]
+    assert _ids_ok(doc["eos_ids"], n) and (doc["bos_id"] is None or _ids_ok([doc["bos_id"]], n))
+    assert got["eos_ids"] == tuple(doc["eos_ids"]) and got["bos_id"] == doc["bos_id"]
+    return "accepted"
+
+
+def expected_input(pick: Pick) -> bytes:
+    rows = [{"task": pick.choice(["code", "math"]), "text": "x",
+             "prompt_ids": [pick.int(0, SPECIAL_VOCAB - 1) for _ in range(pick.int(1, 4))],
+             "output_ids": [pick.int(0, SPECIAL_VOCAB - 1) for _ in range(pick.int(0, 4))],
+             "output_text": ""} for _ in range(pick.int(1, 3))]  # fmt: skip
+    doc = {"version": 1, "max_new_tokens": pick.choice([4, 16]), "vocab_limit": SPECIAL_VOCAB,
+           "eos_ids": [0], "prompts": rows}  # fmt: skip
+    return _edited(json.dumps(doc), pick, EXPECTED_PATHS)
+
+
+def check_expected(data: bytes) -> str:
+    """``checks.expected.from_bytes`` (for a target tokenizer of ``SPECIAL_VOCAB`` ids)."""
+    from omnidraft_deploy.checks.expected import from_bytes
+
+    try:
+        from_bytes(data, "b/expected.json", vocab_size=SPECIAL_VOCAB)
+    except ValueError as e:
+        assert str(e).startswith("b/expected.json: "), e
+        return "rejected"
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"crash: {type(e).__name__}: {e}") from e
+    doc = _strict_doc(data)
+    n = SPECIAL_VOCAB
+    assert isinstance(doc, dict) and doc["version"] == 1 and type(doc["version"]) is int
+    assert type(doc["max_new_tokens"]) is int and doc["max_new_tokens"] >= 1, doc
+    assert doc.get("vocab_limit", n) == n and type(doc.get("vocab_limit", n)) is int
+    assert _ids_ok(doc.get("eos_ids", []), n) and type(doc["prompts"]) is list and doc["prompts"]
+    for row in doc["prompts"]:
+        assert _ids_ok(row["prompt_ids"], n) and row["prompt_ids"], row
+        assert _ids_ok(row["output_ids"], n) and len(row["output_ids"]) <= doc["max_new_tokens"]
+        assert type(row["task"]) is str
+    return "accepted"

@@ -30,18 +30,24 @@ from mutations import (
     Pick,
     RandomPick,
     as_strategy,
+    check_expected,
     check_manifest,
     check_odng,
     check_odvm,
+    check_special,
+    expected_input,
     manifest_input,
     odng_input,
     odvm_input,
+    special_input,
 )
 
 FORMATS: dict[str, tuple[Callable[[Pick], Any], Callable[[Any], str]]] = {
     "ODNG (ngram/format.py)": (odng_input, check_odng),
     "ODVM (vocab/io.py)": (odvm_input, check_odvm),
     "manifest.json (manifest.py)": (manifest_input, check_manifest),
+    "special_tokens.json (bundle_tokenizer.py)": (special_input, check_special),
+    "expected.json (checks/expected.py)": (expected_input, check_expected),
 }
 QUICK_HYPOTHESIS = 300  # default run, per format: hypothesis-driven inputs (shrinking) ...
 QUICK_SEEDED = 2000  # ... then seeds 0..1999 (the first inputs of the long run)
@@ -95,7 +101,10 @@ def test_every_mutated_input_is_rejected_cleanly_or_valid(name: str) -> None:
 
 def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
     """File-system-level mutations of a valid bundle (``bundle_mutations``): every mutation in
-    ``BREAKS`` must be refused with a ``BundleError``; no mutation may raise anything else."""
+    ``BREAKS`` must be refused with a ``BundleError``; no mutation may raise anything else; an
+    accepted bundle passes ``accepted_is_valid``; and the bundle is opened the way ``validate``
+    opens it (every file hashed) and the way ``run`` does (``--state``: without a hash record,
+    and with the record of the bundle before its mutation), which must agree (issue 47)."""
     from bundle_mutations import BREAKS, MUTATIONS, make_seed
 
     base = tmp_path
@@ -108,10 +117,52 @@ def test_bundle_opener_refuses_every_broken_bundle(tmp_path: Path) -> None:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
-    from omnidraft_deploy.runtime.bundle import check_bundle
+class Openers:
+    """The three ways a command opens a bundle: ``validate`` (every file hashed), ``run`` with a
+    fresh ``--state`` (no hash record) and ``run`` with the record of the unmutated bundle."""
 
-    from omnidraft_deploy.bundle.manifest import BundleError
+    def __init__(self, base: Path, work: Path) -> None:
+        from omnidraft_deploy.bundle.folder import verify_bundle
+        from omnidraft_deploy.bundle.hash_record import RECORD_FILE
+
+        self.work, self.fresh, self.recorded = work, base / "state-fresh", base / "state-recorded"
+        old = time.time() - 3600  # exported a while ago: past the record's racy window
+        for p in work.rglob("*"):
+            os.utime(p, (old, old))
+        self.recorded.mkdir()
+        verify_bundle(work, state=self.recorded)
+        self.record = (self.recorded / RECORD_FILE).read_bytes()
+        assert len(json.loads(self.record)["files"]) == len(list(p for p in work.rglob("*")
+                                                                 if p.is_file())) - 1  # fmt: skip
+        self.record_file = RECORD_FILE
+
+    def outcomes(self) -> dict[str, str]:
+        """Opener -> "accepted" or "rejected: <problem>"; AssertionError on any other error."""
+        from omnidraft_deploy.runtime.bundle import check_bundle
+
+        from omnidraft_deploy.bundle.manifest import BundleError
+
+        shutil.rmtree(self.fresh, ignore_errors=True)
+        self.fresh.mkdir()
+        (self.recorded / self.record_file).write_bytes(self.record)
+        ways = {"validate": {"trust_record": False}, "run": {"state": self.fresh},
+                "run, hash record": {"state": self.recorded}}  # fmt: skip
+        out = {}
+        for way, kwargs in ways.items():
+            try:
+                check_bundle(self.work, **kwargs)  # type: ignore[arg-type]
+                out[way] = "accepted"
+            except BundleError as e:
+                assert e.problem, e
+                out[way] = f"rejected: {e.problem}"
+            except Exception as e:  # noqa: BLE001 - any other exception is a crash
+                raise AssertionError(f"{way}: crash: {type(e).__name__}: {e}") from e
+        return out
+
+
+def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
+    from bundle_mutations import REPAIRABLE, accepted_is_valid
+    from omnidraft_deploy.runtime.bundle import check_bundle
 
     check_bundle(seed)  # the seed itself is valid
     doc0 = json.loads((seed / "manifest.json").read_text())
@@ -119,6 +170,7 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     shutil.copytree(seed, work)
     kinds = {p.relative_to(seed): stat.S_IFMT(p.lstat().st_mode) for p in seed.rglob("*")}
     data = {rel: (seed / rel).read_bytes() for rel, k in kinds.items() if k == stat.S_IFREG}
+    openers = Openers(base, work)
 
     def restore() -> None:
         """Put ``work`` back to the seed's bytes (cheaper than a fresh copy of the folder)."""
@@ -146,23 +198,20 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
             try:
                 mutations[name](work, doc, rng)
                 applied.append(name)
-            except (OSError, KeyError, TypeError):  # two edits can clash (file deleted, then
-                # linked; a section replaced, then edited): skip the second
+            except (OSError, KeyError, TypeError, IndexError):  # two edits can clash (a file
+                # deleted, then linked; a section replaced, then edited): skip the second
                 pass
         (work / "manifest.json").write_text(json.dumps(doc))
-        try:
-            check_bundle(work)
-            outcome = "accepted"
-        except BundleError as e:
-            assert e.problem, e
-            outcome = "rejected"
-        except Exception as e:  # noqa: BLE001 - any other exception is a crash
-            raise AssertionError(f"crash after {applied}: {type(e).__name__}: {e}") from e
-        broken = [  # a later edit that relists a file legitimately repairs change_unlisted
+        ways = openers.outcomes()
+        outcome = ways["validate"].split(":")[0]
+        assert len(set(ways.values())) == 1, f"the openers disagree after {applied}: {ways}"
+        broken = [  # a later edit that relists a file legitimately repairs a repairable break
             x for i, x in enumerate(applied)
-            if x in breaks and not (x == "change_unlisted" and set(applied[i + 1 :]) - set(breaks))
+            if x in breaks and not (x in REPAIRABLE and set(applied[i + 1 :]) - set(breaks))
         ]  # fmt: skip
         assert not (broken and outcome == "accepted"), f"accepted a bundle broken by {broken}"
+        if outcome == "accepted":
+            accepted_is_valid(work, doc)
         return outcome
 
     fuzz("bundle opener (runtime/bundle.py)", case, one, hypothesis_n=0, seeded_n=QUICK_BUNDLES)

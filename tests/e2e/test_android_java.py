@@ -6,10 +6,13 @@ traces (tests/golden/traces) and tokenizer vectors (tests/golden/tokenizer_vecto
 tokenizer files a bundle ships and the vocabulary maps the Python builder makes. Regenerate the
 golden files with ``python -m omnidraft_deploy.golden``. The multi-target trace (issue 30) is
 replayed from the multi-target bundle the tests export (``tests/conftest.py`` ``multi_bundle``).
+The traces are also replayed by the Python decoder (``golden.replay``): a trace Python no longer
+decodes the same way is stale, and Java would be held to an old Python.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -19,6 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from omnidraft_deploy.bundle.atomic import write_text_atomic
@@ -39,7 +43,7 @@ V_D, V_T = 32000, 151936  # Llama-2 drafter, Qwen2 target
 HAVE_JAVA = (
     shutil.which("javac") is not None and shutil.which("java") is not None and JUNIT.is_file()
 )
-REGENERATE = "regenerate with `.venv/bin/python -m omnidraft_deploy.golden.write`"
+REGENERATE = "regenerate with `.venv/bin/python -m omnidraft_deploy.golden --traces`"
 
 
 @pytest.fixture(scope="module")
@@ -197,11 +201,23 @@ def _tokenizer(name: str) -> Any:
         return None  # optional asset (smollm2 needs `omnidraft assets fetch --models`)
 
 
+@functools.cache
+def _built_mapper(drafter_tok: str, target_tok: str) -> Any:
+    from omnidraft_deploy.vocab.build import build_mapper
+
+    return build_mapper(_tokenizer(drafter_tok), _tokenizer(target_tok))
+
+
+def _trace_mapper(t: dict[str, Any]) -> Any:
+    """A trace's vocabulary map: its own file (the real pair), else built from the default assets."""
+    if t["vocab_map"]:
+        return vocab_io.from_bytes(gzip.decompress((TRACES / t["vocab_map"]).read_bytes()))
+    return _built_mapper(t["drafter_tokenizer"], t["target_tokenizer"])
+
+
 @pytest.fixture(scope="module")
 def golden_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Tokenizer files as a bundle ships them, and the tiny pairs' vocabulary maps, for Java."""
-    from omnidraft_deploy.vocab.build import build_mapper
-
     root = tmp_path_factory.mktemp("golden-inputs")
     names = {*VECTOR_TOKENIZERS, *(t["target_tokenizer"] for t in _traces())}
     for name in sorted(names):
@@ -212,16 +228,70 @@ def golden_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                 (root / "tokenizers" / name / fname).write_bytes(data)
     (root / "maps").mkdir()
     for t in _traces():
-        if t["vocab_map"]:
-            mapper = vocab_io.from_bytes(gzip.decompress((TRACES / t["vocab_map"]).read_bytes()))
-        else:
-            d_tok, t_tok = _tokenizer(t["drafter_tokenizer"]), _tokenizer(t["target_tokenizer"])
-            mapper = build_mapper(d_tok, t_tok)
+        mapper = _trace_mapper(t)
+        if not t["vocab_map"]:
             vocab_io.save(mapper, root / "maps" / f"{t['drafter']}--{t['target']}.vocab_map.bin")
         assert mapper.content_hash() == t["mapping_hash"], (
             f"trace {t['name']} is stale: {REGENERATE}"
         )
     return {"OMNIDRAFT_TOKENIZERS": str(root / "tokenizers"), "OMNIDRAFT_MAPS": str(root / "maps")}
+
+
+@pytest.mark.parametrize("name", sorted(t["name"] for t in _traces()))
+def test_the_python_decoder_still_makes_each_traces_choices(name: str) -> None:
+    """Fed a trace's recorded logits and draws, the Python decoder of its settings makes the same
+    calls and records the same trace (steps and estimates of the cost traces included)."""
+    from omnidraft_deploy.golden.replay import StaleTrace, rerecord
+
+    trace = next(t for t in _traces() if t["name"] == name)
+    try:
+        again = rerecord(trace, _trace_mapper(trace), _tokenizer(trace["target_tokenizer"]))
+    except StaleTrace as e:
+        raise AssertionError(f"trace {name} is stale ({e}): {REGENERATE}") from None
+    assert again.keys() == trace.keys(), f"trace {name} is stale: {REGENERATE}"
+    for key in trace:
+        if key != "runs":
+            assert again[key] == trace[key], f"trace {name}: {key} differs: {REGENERATE}"
+    for r, (run, old) in enumerate(zip(again["runs"], trace["runs"], strict=True)):
+        for key in old:
+            if key == "steps":
+                _assert_same_steps(run[key], old[key], f"trace {name} run {r}")
+            else:
+                assert run[key] == old[key], f"trace {name} run {r}: {key} differs: {REGENERATE}"
+
+
+ESTIMATES = ("rate", "value", "lookup_rate")
+
+
+def _assert_same_steps(new: list[dict[str, Any]], old: list[dict[str, Any]], where: str) -> None:
+    """Each step's choice exactly, its estimates to 1e-6 relative: the contract Java is held to
+    (``StepCheck``), so a float32 softmax summed in another order is not a stale trace."""
+    assert len(new) == len(old), f"{where}: {len(new)} steps, recorded {len(old)}: {REGENERATE}"
+    for i, (a, b) in enumerate(zip(new, old, strict=True)):
+        exact = {k: v for k, v in b.items() if k not in (*ESTIMATES, "weights")}
+        assert {k: a[k] for k in exact} == exact, f"{where} step {i}: {REGENERATE}"
+        for k in (*ESTIMATES, "weights"):
+            if k in b:
+                assert np.allclose(a[k], b[k], rtol=1e-6, atol=1e-6), f"{where} step {i}: {k}"
+
+
+def test_the_python_replay_reports_a_perturbed_trace() -> None:
+    """The stale check can fail: a trace whose costs changed makes Python call otherwise, and a
+    recorded estimate moved by 1e-4 no longer matches."""
+    from omnidraft_deploy.golden.replay import StaleTrace, rerecord
+
+    trace = next(t for t in _traces() if t["name"] == "tiny-llama3-greedy-cost")
+    mapper, tok = _trace_mapper(trace), _tokenizer(trace["target_tokenizer"])
+    dear = json.loads(json.dumps(trace))
+    dear["cost_profile"]["drafter_ms"] = [3 * ms for ms in dear["cost_profile"]["drafter_ms"]]
+    with pytest.raises(StaleTrace, match="call #"):
+        rerecord(dear, mapper, tok)
+    again = rerecord(trace, mapper, tok)["runs"][0]["steps"]
+    moved = json.loads(json.dumps(trace["runs"][0]["steps"]))
+    moved[3]["rate"] *= 1.0001
+    _assert_same_steps(again, trace["runs"][0]["steps"], "unperturbed")
+    with pytest.raises(AssertionError, match="step 3: rate"):
+        _assert_same_steps(again, moved, "perturbed")
 
 
 def test_golden_vectors_match_the_python_tokenizers() -> None:
@@ -325,6 +395,9 @@ def test_junit_suite_passes(
     assert done.returncode == 0 and "OK (" in done.stdout, done.stdout + done.stderr
     for t in _traces():  # every trace ran: none was skipped for a missing map or tokenizer
         assert f"trace {t['name']}: {len(t['runs'])} runs replayed exactly" in done.stdout
+    assert done.stdout.count("perturbed trace (") == 4  # and perturbed ones were refused
+    assert "session: drafting: +2/-1" in done.stdout  # the app's Session ran with and without
+    assert "with the profile, drafting: cost-aware" in done.stdout  # a cost profile
     multi = _multi_trace()
     assert (f"multi-target trace {multi['name']}: targets "
             f"{', '.join(s['target'] for s in multi['targets'])} replayed from one bundle "

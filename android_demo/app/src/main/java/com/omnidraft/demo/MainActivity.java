@@ -70,7 +70,7 @@ public final class MainActivity extends Activity {
     private void open(File dir) {
         try {
             session = new Session(dir, getFilesDir(), this::loadModel, MAX_NEW_TOKENS);
-            String ready = session.bundle.summary();
+            String ready = session.bundle.summary() + "\n" + session.drafting();
             runOnUiThread(() -> {
                 status.setText(ready);
                 run.setEnabled(true);

@@ -87,7 +87,7 @@ public final class CostProfile {
     static CostProfile fromMap(Map<String, Object> raw, String source) throws FormatException {
         try {
             if (!raw.containsKey("target_ms")) {
-                throw new IllegalArgumentException("'target_ms' missing");
+                throw new IllegalArgumentException("'target_ms'"); // Python names the missing key so
             }
             for (String key : new String[] {"prefill_ms_per_token", "drafter_prefill_ms_per_token"}) {
                 nonNegative(key, number(raw, key, 0)); // the decoder never reads them; Python checks them

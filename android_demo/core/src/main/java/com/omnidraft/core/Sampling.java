@@ -18,7 +18,13 @@ public final class Sampling {
         return best;
     }
 
-    /** softmax(logits / temperature) as float32; temperature <= 0: one-hot argmax. */
+    /**
+     * softmax(logits / temperature) as float32; temperature <= 0: one-hot argmax. In the order of
+     * sampling.logits_to_probs and torch's CPU softmax, each step rounded to float32 as there: shift
+     * by the max, divide by the temperature, exp, sum, multiply by the sum's reciprocal. A dominant
+     * token's probability then saturates to 1.0 where torch's does (its sum rounds to 1.0f), which
+     * decides whether a one-hot (lookup) proposal is accepted without a uniform draw (p >= q = 1).
+     */
     public static float[] logitsToProbs(float[] logits, double temperature) {
         float[] out = new float[logits.length];
         if (temperature <= 0) {
@@ -26,19 +32,19 @@ public final class Sampling {
             return out;
         }
         float max = Float.NEGATIVE_INFINITY;
-        float[] scaled = new float[logits.length];
-        for (int i = 0; i < logits.length; i++) {
-            scaled[i] = (float) (logits[i] / temperature);
-            max = Math.max(max, scaled[i]);
+        for (float v : logits) {
+            max = Math.max(max, v);
         }
+        float t = (float) temperature;
         double sum = 0;
         for (int i = 0; i < logits.length; i++) {
-            double e = scaled[i] == Float.NEGATIVE_INFINITY ? 0.0 : Math.exp(scaled[i] - max);
-            out[i] = (float) e;
-            sum += e;
+            float z = (logits[i] - max) / t;
+            out[i] = z == Float.NEGATIVE_INFINITY ? 0f : (float) Math.exp(z);
+            sum += out[i];
         }
+        float inverse = 1f / (float) sum;
         for (int i = 0; i < logits.length; i++) {
-            out[i] = (float) (out[i] / sum);
+            out[i] *= inverse;
         }
         return out;
     }

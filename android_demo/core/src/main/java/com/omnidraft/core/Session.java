@@ -75,6 +75,18 @@ public final class Session {
                         map.drafterBos());
     }
 
+    SpeculativeDecoder decoder() {
+        return decoder;
+    }
+
+    /** Which drafting this session runs, for the screen. */
+    public String drafting() {
+        return profile == null
+                ? "drafting: +2/-1 from draft_len " + bundle.manifest.draftLen + " (no " + CostProfile.FILE + ")"
+                : "drafting: cost-aware up to " + 2 * bundle.manifest.draftLen + " tokens + lookup (" + CostProfile.FILE
+                        + ")";
+    }
+
     /** Streams text to the callback as verification steps commit; returns the stats. */
     public Stats generate(String prompt, java.util.function.BiConsumer<String, Stats> onText) {
         TextStream stream = new TextStream(tokenizer);

@@ -61,6 +61,49 @@ public class DecodingPartsTest {
     }
 
     @Test
+    public void lookupProposesTheLongestLatestMatchAndKeepsItsIndexAcrossAShrink() {
+        LookupProposer lp = new LookupProposer(1, 2, 8, true); // values from Python's LookupProposer
+        lp.reset(new int[] {5, 6, 7, 5, 6});
+        LookupProposer.Candidate c = lp.propose(3);
+        assertArrayEquals(new int[] {7, 5, 6}, c.ids);
+        assertEquals(2, c.ngram);
+        lp.extend(new int[] {9, 5, 6, 7}); // the 9th id drops the oldest half
+        assertEquals(5, lp.size());
+        assertEquals(0, lp.propose(4).ngram); // (6, 7) and (7,) were dropped with it
+        lp.extend(new int[] {9});
+        c = lp.propose(3);
+        assertArrayEquals(new int[] {5, 6, 7}, c.ids); // (9,) from the rebuilt index
+        assertEquals(1, c.ngram);
+        assertEquals(0, lp.propose(0).ids.length);
+    }
+
+    @Test
+    public void costArithmeticIsPythons() throws FormatException {
+        CostProfile p = new CostProfile(new double[] {10, 12, 15}, new double[] {2}, 0.5, 1.0);
+        assertEquals(21.0, p.target(5), 0.0); // extrapolated from the last two widths
+        assertEquals(6.0, p.drafter(3), 0.0);
+        assertEquals(5.0, p.marginalMs(0, true), 0.0);
+        assertEquals(3.0, p.marginalMs(2, false), 0.0);
+        assertEquals(8, p.bestLength(0.9, 8, false));
+        assertEquals(0, p.bestLength(0.5, 8, true));
+        assertEquals(false, p.extensionPays(0, 4, 1.0, 0.5, 10.0));
+        double[] f = DraftLenPolicy.confidenceFeatures(new float[] {2f, 1f, Float.NEGATIVE_INFINITY, 0.5f});
+        assertArrayEquals(new double[] {0.6285317307360451, 0.3464885761479334, 1.0}, f, 1e-7);
+        String[][] bad = {
+            {"{\"target_ms\": [1.0], \"lookup_ms\": -1}", "x.json: not a cost profile (lookup_ms must be >= 0, got -1.0)"},
+            {"{\"drafter_ms\": [1.0]}", "x.json: not a cost profile ('target_ms')"},
+        };
+        for (String[] b : bad) {
+            try {
+                CostProfile.fromJson(b[0], "x.json");
+                throw new AssertionError("accepted " + b[0]);
+            } catch (FormatException e) {
+                assertEquals(b[1], e.getMessage());
+            }
+        }
+    }
+
+    @Test
     public void samplingFollowsTheInverseCdf() {
         float[] probs = {0f, 0.25f, 0f, 0.75f};
         assertEquals(1, Sampling.sample(probs, 0.0));

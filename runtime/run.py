@@ -92,7 +92,7 @@ def run_bundle(
     ``max_new_tokens`` wins). The bundle is only read: with a ``state`` folder
     (``omnidraft_deploy.bundle.state``) the n-gram cache grown by earlier sessions is loaded from
     it and the grown one saved back atomically. ``observer`` sees every verification step
-    (``cli.streaming.TextStreamer`` prints text as it comes). A prompt the target cannot hold
+    (``request.streaming.TextStreamer`` prints text as it comes). A prompt the target cannot hold
     (longer than its ``max_seq_len``) is refused first, before any graph runs (profiling included).
     ``ngram_cache``: the cache to decode with, already loaded from ``state`` by the caller (a
     served session parses it ahead: ``runtime.session.prepare``); None: loaded here.

@@ -149,7 +149,7 @@ def check_model(where: str, g: GraphInfo) -> None:
     """``preset`` is a preset whose family and tokenizer ``g`` repeats, or (weights exported with
     no preset) the model's own name: a plain identifier with a known family and tokenizer."""
     from omnidraft_deploy.catalog.presets import PRESETS, Family
-    from omnidraft_deploy.vocab.tokenizers import TOKENIZERS
+    from omnidraft_deploy.catalog.tokenizers import IDS as TOKENIZERS
 
     spec = PRESETS.get(g.preset)
     if spec is None and not REL_PART.fullmatch(g.preset):

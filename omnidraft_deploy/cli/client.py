@@ -5,7 +5,7 @@ transformers on this path, so a served run starts in a fraction of a second). No
 socket (no file, or a file left by a dead server), or a server holding another bundle or target
 (it answers ``refused``): ``run_remote`` returns None and ``run`` decodes in-process as before.
 Otherwise the server's ``out`` / ``err`` messages are written to stdout / stderr as they arrive
-and its exit status is returned. The wire format is ``cli.protocol``'s.
+and its exit status is returned. The wire format is ``request.protocol``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from omnidraft_deploy.cli.protocol import (
+from omnidraft_deploy.request.protocol import (
     MAX_LINE,
     ProtocolError,
     RunRequest,

@@ -81,7 +81,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config=cfg,
     )
     out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
-    from omnidraft_deploy.cli.streaming import (
+    from omnidraft_deploy.request.streaming import (
         decode_continuation,  # keeps SentencePiece join spaces
     )
 

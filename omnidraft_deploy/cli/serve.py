@@ -3,7 +3,7 @@
 ``bind`` makes the listening Unix domain socket: refused while a live server answers at that
 path, a socket file left by a dead server removed first, created with mode 0600 (a umask around
 ``bind``: no window in which another user could connect). ``serve`` answers one connection at a
-time: it reads one request line (``cli.protocol``), answers a ``ping`` with what it holds, checks
+time: it reads one request line (``request.protocol``), answers a ``ping`` with what it holds, checks
 that a ``run`` is for the bundle folder (resolved) and target it holds (else ``refused``: the
 client runs in-process), then calls ``handle`` with two writers that turn the text written to
 them into ``out`` / ``err`` messages, and ends with ``done`` or, when ``handle`` raised, the
@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from omnidraft_deploy.cli.client import ping, read_lines
-from omnidraft_deploy.cli.protocol import (
+from omnidraft_deploy.request.protocol import (
     REQUESTS,
     ProtocolError,
     RunRequest,

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from omnidraft_deploy.cli.protocol import Writer
+from omnidraft_deploy.request.protocol import Writer
 
 ANCHOR = 4  # context tokens decoded with a continuation
 

@@ -216,9 +216,9 @@ def resolve_role(
 
 def resolve_own(role: str, weights_flag: str) -> RoleInputs:
     """Weights with no preset: their own spec (``weights_spec``), tokenizer and chat template."""
+    from omnidraft_deploy.catalog.tokenizers import IDS
     from omnidraft_deploy.resolve.weights_spec import n_params, read_weights_spec
     from omnidraft_deploy.vocab.from_weights import read_weights_vocab, registered_tokenizer
-    from omnidraft_deploy.vocab.tokenizers import IDS
 
     preset_flag, flag = _FLAGS[role]
     weights = resolve_weights(None, weights_flag, role)

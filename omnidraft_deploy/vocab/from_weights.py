@@ -212,7 +212,8 @@ def registered_tokenizer(tok: TokenizerLike) -> str | None:
     spells id for id (``first_difference``: one may extend the other by under 1 %), or None.
     Only tokenizers of a similar size are built; one whose asset is not cached is skipped."""
     from omnidraft_deploy.catalog.assets import AssetError
-    from omnidraft_deploy.vocab.tokenizers import IDS, load_tokenizer
+    from omnidraft_deploy.catalog.tokenizers import IDS
+    from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     n = tok.vocab_size
     for name, ids in IDS.items():

@@ -336,10 +336,6 @@ TOKENIZERS: dict[str, Callable[[], SentencePieceTokenizer | BPETokenizer]] = {
     "gpt2": _gpt2,
     "smollm2": _smollm2,
 }
-# Tokenizer name -> its id count (the table above), so weights can be matched to a registered
-# tokenizer without building every one (``from_weights.registered_tokenizer``; a test checks it)
-IDS: dict[str, int] = {"llama2": 32000, "vicuna": 32000, "llama3": 128256, "qwen2": 151665,
-                       "mistral": 32000, "gpt2": 50257, "smollm2": 49152}  # fmt: skip
 # Tokenizer name -> the asset holding the golden vectors that check it.
 GOLDEN: dict[str, str] = {
     "llama2": "llama-spm",

@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from omnidraft_deploy.cli.streaming import TextStreamer
+from omnidraft_deploy.request.streaming import TextStreamer
 from omnidraft_deploy.testing import TableTokenizer
 
 PIECES = [b"</s>", b"a", b" b", b"\xc3", b"\xa9", b"\xe2\x82", b"\xac", b"!"]  # e-acute, euro
@@ -35,7 +35,7 @@ def test_sentencepiece_join_space_is_kept(require_asset) -> None:  # type: ignor
     leading space of a decode call); streamed and one-shot continuations keep it."""
     pytest.importorskip("sentencepiece")
     require_asset("vocab-llama-spm-gguf")
-    from omnidraft_deploy.cli.streaming import decode_continuation
+    from omnidraft_deploy.request.streaming import decode_continuation
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     tok = load_tokenizer("llama2")
@@ -59,7 +59,7 @@ def test_vicuna_leading_space_is_not_in_the_ids(require_asset) -> None:  # type:
     restore it; in context (after other text) the space is kept."""
     pytest.importorskip("sentencepiece")
     require_asset("vocab-llama-spm-gguf")
-    from omnidraft_deploy.cli.streaming import decode_continuation
+    from omnidraft_deploy.request.streaming import decode_continuation
     from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
     tok = load_tokenizer("vicuna")

@@ -43,6 +43,14 @@ def test_unknown_name_is_loud() -> None:
         tk.load_tokenizer("llama4")
 
 
+def test_the_catalog_names_every_registered_tokenizer() -> None:
+    """``catalog.tokenizers.IDS`` (what a manifest's tokenizer name is checked against, below the
+    vocabulary room) and the builders name the same tokenizers."""
+    from omnidraft_deploy.catalog.tokenizers import IDS
+
+    assert set(IDS) == set(tk.TOKENIZERS)
+
+
 @pytest.mark.parametrize("name", sorted(tk.GOLDEN))
 def test_golden_vectors_exact(load: Callable[[str], Tok], name: str) -> None:
     tok, golden = load(name), tk.read_golden(tk.GOLDEN[name])

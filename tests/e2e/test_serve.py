@@ -31,7 +31,7 @@ import pytest
 
 from omnidraft_deploy.cli.client import ServerGone, run_remote
 from omnidraft_deploy.cli.main import main
-from omnidraft_deploy.cli.protocol import MAX_LINE, ProtocolError, RunRequest, encode
+from omnidraft_deploy.request.protocol import MAX_LINE, ProtocolError, RunRequest, encode
 
 pytest.importorskip("onnxruntime")
 BIN = Path(sys.executable).parent
@@ -179,7 +179,7 @@ def test_a_malformed_request_gets_an_error_and_the_server_goes_on(served: Server
 
 
 def test_wrong_types_and_ranges_are_refused() -> None:
-    from omnidraft_deploy.cli.protocol import ProtocolError, decode, encode
+    from omnidraft_deploy.request.protocol import ProtocolError, decode, encode
 
     base = {"v": 1, "type": "run", "bundle": "/b", "target": None, "provider": None,
             "prompt": "p", "chat": False, "mode": "greedy", "temperature": 0.7, "top_p": None,

@@ -82,7 +82,7 @@ def test_run_stats_baseline_starts_where_the_speculative_run_did(
     from omnidraft_deploy.runtime import run
     from omnidraft_deploy.runtime.session import generate, open_session
 
-    from omnidraft_deploy.cli.protocol import RunRequest
+    from omnidraft_deploy.request.protocol import RunRequest
 
     seen: list[tuple[int, int]] = []
     real_run, real_base = run.run_bundle, run.target_only

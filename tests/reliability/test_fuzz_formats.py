@@ -52,6 +52,18 @@ FORMATS: dict[str, tuple[Callable[[Pick], Any], Callable[[Any], str]]] = {
 QUICK_HYPOTHESIS = 300  # default run, per format: hypothesis-driven inputs (shrinking) ...
 QUICK_SEEDED = 2000  # ... then seeds 0..1999 (the first inputs of the long run)
 QUICK_BUNDLES = 300
+FILE_OF = {  # bundle mutation -> the file it edits (per-file input counts in the report)
+    "special_value": "special_tokens.json", "unlist_special": "special_tokens.json",
+    "expected_value": "expected.json", "tokenizer_bytes": "tokenizer.json",
+    "tokenizer_mismatch": "tokenizer.json", "template_bytes": "chat_template.jinja",
+    "table_bytes": "vocab_map.bin / ngram_cache.bin", "graph_meta": "graph .onnx",
+    "external_data": "graph .onnx", "size_claim": "manifest.json", "quant_label": "manifest.json",
+    "manifest_field": "manifest.json", "extras": "manifest.json", "unlist": "manifest.json",
+    "unlist_required": "manifest.json", "traversal": "manifest.json",
+    "symlink_file": "file system", "symlink_dir": "file system", "symlink_unlisted": "file system",
+    "fifo": "file system", "delete": "file system", "dir_for_file": "file system",
+    "change_unlisted": "file system",
+}  # fmt: skip
 
 
 def fuzz(
@@ -61,9 +73,11 @@ def fuzz(
     *,
     hypothesis_n: int,
     seeded_n: int,
+    extra: Counter[str] | None = None,
 ) -> None:
     """Run ``check`` on generated inputs and record the counts: ``hypothesis_n`` drawn by
-    hypothesis (default run only), then the seeded ones (``fuzz_seeds``)."""
+    hypothesis (default run only), then the seeded ones (``fuzz_seeds``); ``extra``: more
+    counts the checks kept (recorded with them)."""
     outcomes: Counter[str] = Counter()
     t0 = time.perf_counter()
     seeds = fuzz_seeds(seeded_n)
@@ -88,7 +102,7 @@ def fuzz(
     record(name, part=f"seeds {seeds.start}-{done - 1}" if LONG else "quick",
            inputs=sum(outcomes.values()), accepted=outcomes["accepted"],
            rejected=outcomes["rejected"], crashes=0, invalid_accepted=0,
-           seconds=time.perf_counter() - t0)  # fmt: skip
+           seconds=time.perf_counter() - t0, **(extra or {}))  # fmt: skip
     if sum(outcomes.values()) >= 100:
         assert outcomes["rejected"] > 0 and outcomes["accepted"] > 0  # both sides were reached
 
@@ -189,6 +203,8 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     def case(pick: Pick) -> tuple[list[str], int]:
         return [pick.choice(sorted(mutations)) for _ in range(pick.int(1, 2))], pick.int(0, 2**32)
 
+    touched: Counter[str] = Counter()  # inputs that changed each bundle file (``FILE_OF``)
+
     def one(names_and_salt: tuple[list[str], int]) -> str:
         names, salt = names_and_salt
         restore()
@@ -202,6 +218,7 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
                 # deleted, then linked; a section replaced, then edited): skip the second
                 pass
         (work / "manifest.json").write_text(json.dumps(doc))
+        touched.update({f"file {FILE_OF[name]}" for name in applied})
         ways = openers.outcomes()
         outcome = ways["validate"].split(":")[0]
         assert len(set(ways.values())) == 1, f"the openers disagree after {applied}: {ways}"
@@ -214,4 +231,11 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
             accepted_is_valid(work, doc)
         return outcome
 
-    fuzz("bundle opener (runtime/bundle.py)", case, one, hypothesis_n=0, seeded_n=QUICK_BUNDLES)
+    fuzz(
+        "bundle opener (runtime/bundle.py)",
+        case,
+        one,
+        hypothesis_n=0,
+        seeded_n=QUICK_BUNDLES,
+        extra=touched,
+    )

@@ -31,6 +31,7 @@ from bundle_mutations import (
     tokenizer_json,
     write_manifest,
 )
+from conftest import LONG, record, scale
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mutations import EXPECTED_PATHS, RAW_VALUES, SPECIAL_PATHS, json_edit
@@ -341,7 +342,10 @@ def _render_within(template: str, seconds: float) -> tuple[str | None, BaseExcep
     return out[0], out[1]
 
 
-@settings(max_examples=12, deadline=None, database=None, derandomize=True,
+TEMPLATES = scale(12, 300)  # hostile templates per run (long mode: OMNIDRAFT_RELIABILITY=long)
+
+
+@settings(max_examples=TEMPLATES, deadline=None, database=None, derandomize=not LONG,
           suppress_health_check=list(HealthCheck))  # fmt: skip
 @given(template=hostile_templates())
 def test_a_chat_template_renders_within_limits_or_fails_naming_itself(
@@ -356,6 +360,9 @@ def test_a_chat_template_renders_within_limits_or_fails_naming_itself(
         assert text is not None and len(text.encode()) <= chat_sandbox.output_limit(["hi"])
     else:
         assert isinstance(error, ValueError) and "b/chat_template.jinja" in str(error), error
+    record("chat template (vocab/chat_sandbox.py)", part="long" if LONG else "quick", inputs=1,
+           accepted=int(error is None), rejected=int(error is not None), crashes=0,
+           invalid_accepted=0)  # fmt: skip
 
 
 @pytest.mark.parametrize("template", [

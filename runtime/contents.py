@@ -67,10 +67,11 @@ def read_contents(root: Path, manifest: Manifest) -> Contents:
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizers")
     job = pool.submit(load_tokenizers, root, manifest)
     try:
-        n_ids = {r: stated_vocab_size(root, r, manifest.files, folder=f)
-                 for r, f in _folders(manifest).items()}  # fmt: skip
-        if None in n_ids.values():
-            n_ids = {r: t.vocab_size for r, t in job.result().items()}
+        stated = {r: stated_vocab_size(root, r, manifest.files, folder=f)
+                  for r, f in _folders(manifest).items()}  # fmt: skip
+        n_ids = {r: n for r, n in stated.items() if n is not None}
+        if len(n_ids) < len(stated):  # no statement: count the tokenizer's own ids
+            n_ids = {r: int(t.vocab_size) for r, t in job.result().items()}
         mapper, cache = load_tables(root, manifest, n_ids)
         expected = read_expected(root, manifest, n_ids["target"])
     except BaseException:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from os.path import commonprefix
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +77,17 @@ def _id(where: str, value: object, hi: int = MAX_IDS) -> int:
     return value
 
 
-def read_special(raw: bytes, path: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Special:
+    """``special_tokens.json`` as read (``read_special``); a bundle without one: ``Special(role)``."""
+
+    name: str
+    bos_id: int | None = None
+    eos_ids: tuple[int, ...] = ()
+    vocab_size: int | None = None  # the tokenizer file's id count (bundles since issue 28)
+
+
+def read_special(raw: bytes, path: Path) -> Special:
     """``special_tokens.json`` by its schema (module docstring): ``{"name": str, "bos_id": int |
     null, "eos_ids": [int, ...], "vocab_size": int}`` (``vocab_size`` since issue 28), exact JSON
     types, ids in ``[0, vocab_size)``, at most ``MAX_EOS_IDS`` EOS ids, no other key, no NaN,
@@ -108,7 +119,7 @@ def read_special(raw: bytes, path: Path) -> dict[str, Any]:
         raise BundleError(path, f"not UTF-8 ({e.reason} at byte {e.start})") from None
     except ValueError as e:
         raise BundleError(path, f"not a special-tokens file ({e})") from None
-    return {"name": name, "bos_id": bos, "eos_ids": eos_ids, "vocab_size": size}
+    return Special(name, bos, eos_ids, size)
 
 
 def stated_vocab_size(
@@ -119,10 +130,10 @@ def stated_vocab_size(
     the tokenizer file); None when the file is not listed or states no size (older bundles)."""
     folder = folder or f"{role}_tokenizer"
     raw = _reader(root, folder, role, files)(SPECIAL)
-    return None if raw is None else read_special(raw, root / folder / SPECIAL)["vocab_size"]
+    return None if raw is None else read_special(raw, root / folder / SPECIAL).vocab_size
 
 
-def _build(path: Path, name: str, special: dict[str, Any], read: Any) -> Any:
+def _build(path: Path, special: Special, read: Any) -> Any:
     """The tokenizer of the folder at ``path`` from its listed files (``read``); every failure of
     the tokenizer libraries (``tokenizers`` raises a bare ``Exception``) a ``BundleError``."""
     from omnidraft_deploy.bundle.manifest import BundleError
@@ -139,11 +150,11 @@ def _build(path: Path, name: str, special: dict[str, Any], read: Any) -> Any:
             inner = lib.Tokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001 - the library's only error type for a bad file
             raise BundleError(path / JSON, f"not a tokenizer file ({_first_line(e)})") from None
-        return BPETokenizer(name, inner, bos_id=special["bos_id"], eos_ids=special["eos_ids"])
+        return BPETokenizer(special.name, inner, bos_id=special.bos_id, eos_ids=special.eos_ids)
     if (data := read(SPM)) is not None:
         raw = read(SPM_RAW)
         try:
-            return SentencePieceTokenizer(name, data, hf_prefix=raw)
+            return SentencePieceTokenizer(special.name, data, hf_prefix=raw)
         except (RuntimeError, ValueError, TypeError, OSError) as e:  # a proto it cannot read
             raise BundleError(path / SPM, f"not a SentencePiece model ({_first_line(e)})") from None
     raise BundleError(path, f"no {JSON} or {SPM} listed in the manifest")
@@ -168,15 +179,13 @@ def load_bundle_tokenizer(
     folder = folder or f"{role}_tokenizer"
     path, read = root / folder, _reader(root, folder, role, files)
     raw = read(SPECIAL)
-    special = (read_special(raw, path / SPECIAL) if raw is not None
-               else {"name": role, "bos_id": None, "eos_ids": (), "vocab_size": None})  # fmt: skip
-    tok = _build(path, special["name"], special, read)
+    special = Special(role) if raw is None else read_special(raw, path / SPECIAL)
+    tok = _build(path, special, read)
     n = tok.vocab_size
-    declared = special["vocab_size"]
-    if declared is not None and declared != n:
-        raise BundleError(path / SPECIAL, f"vocab_size {declared}, but the tokenizer file defines "
-                          f"{n} ids")  # fmt: skip
-    ids = [*special["eos_ids"], *([] if special["bos_id"] is None else [special["bos_id"]])]
+    if special.vocab_size is not None and special.vocab_size != n:
+        raise BundleError(path / SPECIAL, f"vocab_size {special.vocab_size}, but the tokenizer "
+                          f"file defines {n} ids")  # fmt: skip
+    ids = [*special.eos_ids, *([] if special.bos_id is None else [special.bos_id])]
     if any(i >= n for i in ids):
         raise BundleError(path / SPECIAL, f"bos_id / eos_ids outside the tokenizer's {n} ids")
     tok.chat_template, tok.chat_template_source = _template(path, read), str(path / TEMPLATE)

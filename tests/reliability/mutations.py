@@ -457,7 +457,7 @@ def check_special(data: bytes) -> str:
     n = doc.get("vocab_size", 1 << 24)
     assert type(n) is int and 1 <= n <= 1 << 24 and type(doc["name"]) is str and doc["name"]
     assert _ids_ok(doc["eos_ids"], n) and (doc["bos_id"] is None or _ids_ok([doc["bos_id"]], n))
-    assert got["eos_ids"] == tuple(doc["eos_ids"]) and got["bos_id"] == doc["bos_id"]
+    assert got.eos_ids == tuple(doc["eos_ids"]) and got.bos_id == doc["bos_id"]
     return "accepted"
 
 

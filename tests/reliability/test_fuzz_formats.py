@@ -174,6 +174,21 @@ class Openers:
         return out
 
 
+def _restore(base: Path, work: Path, kinds: dict[Path, int], data: dict[Path, bytes]) -> None:
+    """Put ``work`` back to the seed's bytes (cheaper than a fresh copy of the folder)."""
+    for p in base.glob("work-outside-*"):
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in sorted(work.rglob("*"), reverse=True):  # not the seed's kind: a link, a FIFO
+        if kinds.get(p.relative_to(work)) != stat.S_IFMT(p.lstat().st_mode):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for rel, kind in sorted(kinds.items()):
+        q = work / rel
+        if kind == stat.S_IFDIR:
+            q.mkdir(exist_ok=True)
+        elif not q.exists() or q.read_bytes() != data[rel]:
+            q.write_bytes(data[rel])
+
+
 def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     from bundle_mutations import REPAIRABLE, accepted_is_valid
     from omnidraft_deploy.runtime.bundle import check_bundle
@@ -187,18 +202,7 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
     openers = Openers(base, work)
 
     def restore() -> None:
-        """Put ``work`` back to the seed's bytes (cheaper than a fresh copy of the folder)."""
-        for p in base.glob("work-outside-*"):
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        for p in sorted(work.rglob("*"), reverse=True):  # not the seed's kind: a link, a FIFO
-            if kinds.get(p.relative_to(work)) != stat.S_IFMT(p.lstat().st_mode):
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        for rel, kind in sorted(kinds.items()):
-            q = work / rel
-            if kind == stat.S_IFDIR:
-                q.mkdir(exist_ok=True)
-            elif not q.exists() or q.read_bytes() != data[rel]:
-                q.write_bytes(data[rel])
+        _restore(base, work, kinds, data)
 
     def case(pick: Pick) -> tuple[list[str], int]:
         return [pick.choice(sorted(mutations)) for _ in range(pick.int(1, 2))], pick.int(0, 2**32)

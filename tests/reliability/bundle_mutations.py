@@ -429,8 +429,10 @@ def accepted_is_valid(root: Path, doc: dict) -> None:
         assert len(vocab) == n, f"accepted a {len(vocab)}-id {role} tokenizer for a {n}-id map"
         if f"{folder}/special_tokens.json" in doc["files"]:
             sp = _strict((root / folder / "special_tokens.json").read_text())
-            assert isinstance(sp, dict) and set(sp) == {"name", "bos_id", "eos_ids", "vocab_size"}
-            assert type(sp["name"]) is str and sp["name"] and sp["vocab_size"] == n, sp
+            keys = {"name", "bos_id", "eos_ids"}  # + "vocab_size" since issue 28: optional
+            assert isinstance(sp, dict) and keys <= set(sp) <= keys | {"vocab_size"}, sp
+            assert type(sp["name"]) is str and sp["name"] and sp.get("vocab_size", n) == n, sp
+            assert type(sp.get("vocab_size", n)) is int, sp
             _exact_ids(sp["eos_ids"] + ([] if sp["bos_id"] is None else [sp["bos_id"]]), n,
                        f"{role} special ids")  # fmt: skip
     exp = _strict((root / "expected.json").read_text())

@@ -127,6 +127,7 @@ class Int4GroupLinear(nn.Module):
         super().__init__()
         self.centred, self.block = centred, block
         self.register_buffer("constant", constant)  # (N, K / block) fp32
+        self.register_buffer("ones", torch.ones(1, block), persistent=False)  # group sums
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), False)
 
     @classmethod
@@ -154,7 +155,11 @@ class Int4GroupLinear(nn.Module):
         return cls(centred, constant.float().contiguous(), bias, block)
 
     def forward(self, x: Tensor) -> Tensor:
-        sums = x.reshape(*x.shape[:-1], -1, self.block).sum(-1)
+        # the group sums as a (block -> 1) matmul by ones, which XNNPACK takes (a ``sum`` runs
+        # in the portable kernels: 196 of them a call on Qwen2.5-1.5B); one product per group
+        # in a fixed order, so a row's sums do not depend on the other rows of the call
+        ones: Tensor = self.ones  # type: ignore[assignment]
+        sums = nn.functional.linear(x.reshape(-1, self.block), ones).reshape(*x.shape[:-1], -1)
         constant: Tensor = self.constant  # type: ignore[assignment]
         y = self.centred(x) + nn.functional.linear(sums, constant)
         return y if self.bias is None else y + self.bias

@@ -79,7 +79,7 @@ def gguf_quantized(
     from executorch.exir.passes import _quant_patterns_and_replacements  # noqa: F401
 
     tensors = {t.name: t for t in gguf_py.GGUFReader(str(gguf)).tensors}
-    shell = _shell(model)
+    quantized = shell(model)
     bits: list[tuple[int, int]] = []
     heads = {"attn_q": model.args.n_heads, "attn_k": model.args.n_kv_heads}
     for i, layer in enumerate(model.model.layers):
@@ -89,26 +89,26 @@ def gguf_quantized(
             grid = _checked(_tensor(tensors, f"blk.{i}.{part}.weight", gguf), linear.weight, gguf,
                             heads.get(part, 0))  # fmt: skip
             bits.append((grid.bits, grid.codes.size))
-            _set(shell, f"model.layers.{i}.{path}", grid_linear(grid, linear.bias))
+            _set(quantized, f"model.layers.{i}.{path}", grid_linear(grid, linear.bias))
     emb = _checked(_tensor(tensors, "token_embd.weight", gguf), model.model.embed_tokens.weight,
                    gguf)  # fmt: skip
-    _set(shell, "model.embed_tokens", grid_embedding(emb))
+    _set(quantized, "model.embed_tokens", grid_embedding(emb))
     head_grid = emb
     if "output.weight" in tensors:
         head_grid = _checked(tensors["output.weight"], model.lm_head.weight, gguf)
-    shell.lm_head = _linear8(head_grid, None)
+    quantized.lm_head = _linear8(head_grid, None)
     if outliers:
         from omnidraft_deploy.exporters.xnnpack.outliers import split_outliers
 
-        split_outliers(shell, model, outliers)
+        split_outliers(quantized, model, outliers)
     share = GridShare(sum(b == 4 for b, _ in bits), len(bits), sum(n for b, n in bits if b == 4),
                       sum(n for _, n in bits), f"{emb.bits}-bit {emb.source}",
                       f"8da8w from {head_grid.source}")  # fmt: skip
     log.info("gguf4 from %s: %s", gguf.name, share)
-    return shell, share
+    return quantized, share
 
 
-def _shell(model: Transformer) -> Transformer:
+def shell(model: Transformer) -> Transformer:
     """A deep copy of ``model`` that shares every parameter (nothing large is copied; the
     quantised modules then replace the linears and the embedding in the copy only)."""
     memo: dict[int, Any] = {id(p): p for p in model.parameters()}

@@ -86,6 +86,29 @@ def op_coverage(edge_program: Any) -> dict[str, Any]:
     }
 
 
+def program_ops(pte: bytes, method: str = "forward") -> dict[str, int]:
+    """Instructions of ``method`` in a serialized ``.pte`` by kernel (``aten::mean.out``,
+    ``llama::update_cache.out``, ...; ``DelegateCall`` for each XNNPACK subgraph call): what one
+    call runs outside the delegate, as the runtime sees it (the edge graph's ``op_coverage``
+    counts nodes before ExecuTorch's own passes, e.g. the re-inplacing of ``update_cache``)."""
+    from collections import Counter
+
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(pte).program
+    plan = next((p for p in program.execution_plan if p.name == method), None)
+    if plan is None:
+        raise ValueError(f"no method {method!r} in the program")
+    names = [o.name + (f".{o.overload}" if o.overload else "") for o in plan.operators]
+    counts: Counter[str] = Counter()
+    for chain in plan.chains:
+        for ins in chain.instructions:
+            args = ins.instr_args
+            index = getattr(args, "op_index", None)
+            counts[names[index] if index is not None else type(args).__name__] += 1
+    return dict(counts.most_common())
+
+
 def matmul_bits(ep: Any) -> dict[str, int]:
     """``aten.linear`` nodes of the exported program by the width of their weight: 4 / 8 (the
     weight a torchao ``dequantize_affine`` of an int4 / int8 grid) or 32 (a float weight, e.g. an
@@ -140,10 +163,32 @@ def _legalize_in_place(gm: Any) -> Any:
     return gm
 
 
+def _constant_data_check() -> Any:
+    """``config_partitioner.is_constant_data`` answered from one set of names per graph
+    signature: ExecuTorch 1.5.1 asks torch's ``is_param`` / ``is_buffer`` /
+    ``is_lifted_tensor_constant`` for each node of each candidate partition, and each of those
+    rebuilds a dict over every program input (quadratic: SmolLM2-135M's gguf4 graph spent over
+    20 minutes there). The same answer: a node is constant data when its name is the input name
+    of a parameter, a buffer or a lifted constant of the signature."""
+    seen: dict[int, tuple[Any, int, frozenset[str]]] = {}
+
+    def is_constant_data(ep: Any, node: Any) -> bool:
+        sig = ep.graph_signature
+        hit = seen.get(id(ep))
+        if hit is None or hit[0] is not sig or hit[1] != len(sig.input_specs):
+            names = frozenset(sig.inputs_to_parameters) | frozenset(sig.inputs_to_buffers)
+            names |= frozenset(sig.inputs_to_lifted_tensor_constants)
+            hit = seen[id(ep)] = (sig, len(sig.input_specs), names)
+        return node.name in hit[2]
+
+    return is_constant_data
+
+
 @contextlib.contextmanager
 def fast_lowering() -> Iterator[bool]:
-    """Lower with two of ExecuTorch 1.5.1's quadratic steps done in linear-time Python (yields
-    whether they are; any other release lowers with its own code).
+    """Lower with three of ExecuTorch 1.5.1's quadratic steps done in linear-time Python (yields
+    whether they are; any other release lowers with its own code). The third is
+    ``_constant_data_check``.
 
     py-spy on SmolLM2-135M's lowering (8da4w, 532 s): (1) the XNNPACK partitioner tries to merge
     every pair of its partitions, and for each pair tests every external user's transitive
@@ -161,9 +206,10 @@ def fast_lowering() -> Iterator[bool]:
         return
     from executorch.exir import lowered_backend_module
     from executorch.exir.backend import backend_api
-    from executorch.exir.backend.canonical_partitioners import group_partitioner
+    from executorch.exir.backend.canonical_partitioners import config_partitioner, group_partitioner
 
     cls = group_partitioner.GroupBasedPartitioner
+    constant_data = config_partitioner.is_constant_data
     merge, legalize = cls._can_merge_partitions, lowered_backend_module.legalize_graph
     create = backend_api._create_partitions_in_graph_module
 
@@ -176,9 +222,11 @@ def fast_lowering() -> Iterator[bool]:
     cls._can_merge_partitions = _can_merge_partitions  # type: ignore[method-assign]
     lowered_backend_module.legalize_graph = _legalize_in_place
     backend_api._create_partitions_in_graph_module = create_then_recompile
+    config_partitioner.is_constant_data = _constant_data_check()
     try:
         yield True
     finally:
+        config_partitioner.is_constant_data = constant_data
         cls._can_merge_partitions = merge  # type: ignore[method-assign]
         lowered_backend_module.legalize_graph = legalize
         backend_api._create_partitions_in_graph_module = create
@@ -196,6 +244,7 @@ def export_pte(
     bits: Mapping[str, int] | None = None,
     gguf: Path | None = None,
     outliers: Mapping[str, torch.Tensor] | None = None,
+    attention: str | None = "span",
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
     stage, and the RSS left once the stage's garbage is freed). ``model`` is not modified.
@@ -206,6 +255,9 @@ def export_pte(
     ``gguf``: a ``gguf_grid`` recipe's GGUF, whose blocks the quantised model is built from
     (``gguf_quant``); its 4-bit share goes into the result as ``gguf_grid``; ``outliers`` its
     linears' input channels kept out of the int8 activations (``outliers.OutlierSplitLinear``).
+    ``attention``: the stateful attention (``llm_attention``: the cache updated in place by
+    ExecuTorch's ``llama::update_cache``; ``"span"`` batch invariant, ``"custom_sdpa"`` not),
+    or None for the reference model's own (functional cache writes, portable kernels).
     Each stage drops what the next no longer needs (the quantised eager model once exported, the
     exported program once lowered), so the peak is one stage's, not their sum.
     """
@@ -226,6 +278,14 @@ def export_pte(
             facts["gguf_grid"] = dataclasses.asdict(share)
         else:
             quantized = quantize_eager(model, recipe, bits)
+        if attention is not None:
+            from omnidraft_deploy.exporters.xnnpack.gguf_quant import shell
+            from omnidraft_deploy.exporters.xnnpack.llm_attention import use_llm_attention
+
+            if quantized is model:  # fp32: the eager model stays the reference
+                quantized = shell(model)
+            use_llm_attention(quantized, attention)
+            facts["attention"] = attention
         if recipe.act_groups:
             from omnidraft_deploy.exporters.xnnpack.act_groups import group_activations
 
@@ -233,6 +293,10 @@ def export_pte(
     _settled(stages, "quantize")
     ids, pos = example_inputs(model.args, seq_len or 2)
     dyn = None if seq_len else dynamic_shapes_stateful(model.args)
+    if attention is not None and dyn is not None:
+        from omnidraft_deploy.exporters.xnnpack.llm_attention import dynamic_shapes
+
+        dyn = dynamic_shapes()
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
     del quantized  # the exported program holds what it needs

@@ -110,6 +110,10 @@ class Attention(nn.Module):
     def __init__(self, a: ModelArgs) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+        # An exporter may plug in its own stateful attention (``exporters.xnnpack.llm_attention``:
+        # ExecuTorch's in-place cache update), called as ``kv_attend(q, k, v, input_pos, mask)
+        # -> (1, T, H * D)`` instead of the model's buffers; ONNX / QNN / eager leave it None.
+        self.kv_attend: nn.Module | None = None
         self.q_proj = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=a.qkv_bias)
         self.k_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.v_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
@@ -132,6 +136,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_attend is not None and inplace:
+            return self.o_proj(self.kv_attend(q, k, v, input_pos, mask)), k, v
         k_new, v_new = k, v
         if cache is not None and inplace:  # stateful: write into the buffers, attend over them
             assert input_pos is not None

@@ -19,10 +19,14 @@ def require(module: str, *, extra: str, purpose: str) -> Any:
 
 def executorch_runtime() -> Any:
     """ExecuTorch's ``Runtime`` class, with the quantized_decomposed kernels registered (the int8
-    embedding of the ``*-emb8`` recipes): they register on import, and without them such a program
-    fails to load its method (error 0x14) unless something else imported them first."""
+    embedding of the ``*-emb8`` recipes) and the ``llama`` LLM kernels (the in-place KV cache):
+    they register on import, and without them such a program fails to load its method (error
+    0x14) unless something else imported them first."""
     runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
     require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
+    # llama::update_cache / custom_sdpa: the in-place KV cache of ``exporters.xnnpack.llm_attention``
+    require("executorch.extension.llm.custom_ops.custom_ops", extra="executorch",
+            purpose="the LLM attention kernels of .pte programs")  # fmt: skip
     return runtime.Runtime
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from bundle_mutations import extras, manifest_field, unlist, unlist_required
-from conftest import scale
+from conftest import LONG, record, scale
 
 from omnidraft_deploy.cli.main import main
 
@@ -119,5 +119,9 @@ def test_run_and_validate_agree_on_a_mutated_manifest(
     finally:
         (verbs.root / "manifest.json").write_text(json.dumps(verbs.doc0))
     assert len(set(ways.values())) == 1, f"after {applied}: {ways}"
+    opened = ways["validate"] == "opened"
+    record("run vs validate (cli/main.py, real tiny bundle)", part="long" if LONG else "quick",
+           inputs=1, accepted=int(opened), rejected=int(not opened), disagreements=0,
+           crashes=0)  # fmt: skip
     if applied and applied[0] in ("size_claim", "quant_label"):
         assert ways["run, hash record"] != "opened", ways

@@ -44,10 +44,9 @@ from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.resolve.load import load_lm, load_model
 from omnidraft_deploy.speculative.decoder import (
     DecodeConfig,
-    SpeculativeDecoder,
     generate_target_only,
 )
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen, HeuristicDraftLen
+from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.pair import load_pair_vocab
@@ -79,16 +78,15 @@ class Side:
 
 def side(name: str, target: CausalLM, mapper: VocabMapper, prompts: list[list[int]],
          a: argparse.Namespace) -> Side:  # fmt: skip
-    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size,
-                       eos_ids=mapper.target_eos, host_threads=a.threads)  # fmt: skip
+    cfg = pair_config(mapper, DecodeConfig(max_new_tokens=a.max_new_tokens, host_threads=a.threads))
     refs = [generate_target_only(target, p, cfg)[0] for p in prompts]
     return Side(name, target, mapper, cfg, prompts, refs)
 
 
 def evaluate(s: Side, drafter: Any, draft_len: int) -> dict[str, float]:
     """Greedy speculative decode of ``s.prompts``: acceptance, tokens per target call, identical."""
-    dec = SpeculativeDecoder(s.target, EagerLM(drafter), s.mapper, FixedDraftLen(draft_len),
-                             config=s.cfg)  # fmt: skip
+    dec = build_decoder(s.target, EagerLM(drafter), s.mapper, policy="fixed", draft_len=draft_len,
+                        config=s.cfg)  # fmt: skip
     acc = prop = calls = gen = same = 0
     for p, ref in zip(s.prompts, s.refs, strict=True):
         out, st = dec.generate(p)
@@ -127,8 +125,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     log.info("before: %s", before)
     acfg = AdaptConfig(lr=a.lr, steps_per_update=a.steps_per_update, batch_size=a.batch_size)
     distiller = make_distiller(drafter, src.mapper, acfg)
-    dec = SpeculativeDecoder(src.target, EagerLM(drafter), src.mapper,
-                             HeuristicDraftLen(a.draft_len), config=src.cfg)  # fmt: skip
+    dec = build_decoder(src.target, EagerLM(drafter), src.mapper, policy="heuristic",
+                        draft_len=a.draft_len, config=src.cfg)  # fmt: skip
     t0 = time.perf_counter()
     report = adapt_stream(dec, distiller, prompts[: a.n_adapt])
     adapt_s = time.perf_counter() - t0

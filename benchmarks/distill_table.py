@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.evaluate import EvalSettings, answer_prefix, evaluate_drafter
-from benchmarks.common.pair import load_pair, make_decoder
+from benchmarks.common.pair import load_pair
 from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
 from omnidraft_deploy.catalog.presets import get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, adapt_stream, make_distiller
@@ -39,6 +39,7 @@ from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.mapper import VocabMapper
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
@@ -110,11 +111,9 @@ def load_setup(cfg: TableConfig, target_name: str | None = None) -> Setup:
 
 
 def _decoder(setup: Setup, drafter: Transformer, cfg: TableConfig) -> SpeculativeDecoder:
-    dcfg = DecodeConfig(
-        max_new_tokens=cfg.max_new_tokens, vocab_limit=setup.mapper.target_vocab_size
-    )
-    return make_decoder(EagerLM(setup.target), EagerLM(drafter), setup.mapper, dcfg,
-                        draft_len=cfg.draft_len, ngram_cache=NGramCache())  # fmt: skip
+    return build_decoder(EagerLM(setup.target), EagerLM(drafter), setup.mapper, policy="fixed",
+                         draft_len=cfg.draft_len, ngram_cache=NGramCache(), stop_at_eos=False,
+                         config=DecodeConfig(max_new_tokens=cfg.max_new_tokens))  # fmt: skip
 
 
 def evaluate(

@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from benchmarks.common.evaluate import EvalSettings, evaluate_drafter, task_prompts
-from benchmarks.common.pair import make_decoder
 from benchmarks.common.report import command, pyplot, run_meta, save_figure
 from benchmarks.common.timer import forward_latency, interleaved
 from omnidraft_deploy.bundle.atomic import write_text_atomic
@@ -62,6 +61,7 @@ from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.resolve.load import load_model, truncated
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("early_exit")
@@ -93,10 +93,9 @@ def _adapted(offline: Transformer, target: Transformer, mapper: Any, prompts: li
     acfg = AdaptConfig(lr=cfg.adapt_lr, lam=cfg.lam, batch_size=2,
                        steps_per_update=cfg.adapt_steps, seq_len=96, guard=cfg.guard)  # fmt: skip
     distiller = make_distiller(drafter, mapper, acfg)
-    dcfg = DecodeConfig(max_new_tokens=cfg.max_new_tokens, eos_ids=eos,
-                        vocab_limit=mapper.target_vocab_size)  # fmt: skip
-    dec = make_decoder(EagerLM(target), EagerLM(drafter), mapper, dcfg, draft_len=cfg.draft_len,
-                       ngram_cache=NGramCache())  # fmt: skip
+    dec = build_decoder(EagerLM(target), EagerLM(drafter), mapper, policy="fixed",
+                        draft_len=cfg.draft_len, ngram_cache=NGramCache(), stop_at_eos=bool(eos),
+                        config=DecodeConfig(max_new_tokens=cfg.max_new_tokens))  # fmt: skip
     rep = adapt_stream(dec, distiller, prompts)
     return drafter, {"adapt_acceptance": rep.acceptance, "optimizer_steps": rep.optimizer_steps,
                      "rolled_back": rep.rolled_back,
@@ -152,7 +151,7 @@ def run(cfg: Config, rows: tuple[str, ...], tasks: tuple[str, ...] = TASKS) -> d
                 drafter, extra = _adapted(drafters["offline"], target, mapper, adapt_p, cfg, eos)
             assert drafter is not None
             figs, outputs = evaluate_drafter(
-                EagerLM(target), drafter, mapper, eval_p, settings, eos
+                EagerLM(target), drafter, mapper, eval_p, settings, stop_at_eos=bool(eos)
             )
             cell: dict[str, Any] = {**figs, **extra, "outputs": outputs,
                                     "seconds": time.perf_counter() - t0}  # fmt: skip

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.common.evaluate import teacher_forced_top1
-from benchmarks.common.pair import load_pair, make_decoder
+from benchmarks.common.pair import load_pair
 from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
 from benchmarks.common.timer import RunFn, decoder_run, run_side_by_side, target_run
 from omnidraft_deploy.catalog.presets import ModelSpec, get_preset
@@ -47,6 +47,7 @@ from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 from omnidraft_deploy.vocab.tokenizers import load_tokenizer
 
 log = logging.getLogger("headline_adapt")
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     pair = load_pair(TARGET, DRAFTER, max_seq_len=a.max_seq_len)
     target, drafter, mapper = pair.target, pair.drafter, pair.mapper
     del pair  # the eager target may go once its ONNX twin is loaded (``_runtimes``)
-    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, vocab_limit=mapper.target_vocab_size)
+    cfg = pair_config(mapper, DecodeConfig(max_new_tokens=a.max_new_tokens), stop_at_eos=False)
     pool = _prompts(10_000, 48)  # every held-out code document long enough (88)
     if a.n_adapt + a.n_eval > len(pool):
         raise SystemExit(f"--n-adapt + --n-eval must be <= {len(pool)} held-out prompts")
@@ -223,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     adapt_cache = NGramCache()
     acfg = AdaptConfig(lr=a.lr, lam=1.0, batch_size=a.batch_size,
                        steps_per_update=a.steps_per_update, optimizer=a.optimizer, seq_len=96)  # fmt: skip
-    dec = make_decoder(target_lm, EagerLM(adapted), mapper, cfg, policy=a.policy,
-                       ngram_cache=adapt_cache)  # fmt: skip
+    dec = build_decoder(target_lm, EagerLM(adapted), mapper, config=cfg, policy=a.policy,
+                        ngram_cache=adapt_cache, stop_at_eos=False)  # fmt: skip
     report = adapt_stream(dec, make_distiller(adapted, mapper, acfg), adapt_p)
     res["adapt_wall_s"], res["adapt_acceptance_trace"] = report.seconds, report.acceptance
     after_lm: CausalLM = EagerLM(adapted)
@@ -238,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
     drafters = {"ours_before": (before_lm, NGramCache()),
                 "ours_after": (after_lm, copy.deepcopy(adapt_cache))}  # fmt: skip
     methods = {"ours_target": target_run(target_lm, cfg)} | {
-        row: decoder_run(make_decoder(target_lm, lm, mapper, cfg, policy=a.policy, ngram_cache=c))
+        row: decoder_run(build_decoder(target_lm, lm, mapper, config=cfg, policy=a.policy,
+                                       ngram_cache=c, stop_at_eos=False))
         for row, (lm, c) in drafters.items()}  # fmt: skip
     res["eval"], outs = _side_by_side(methods, eval_p, a.threads)
     for k, model in (("before", drafter), ("after", adapted)):

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.pair import make_decoder
 from benchmarks.common.report import meta_lines, run_meta, write_report
 from benchmarks.real_pair_bundle import load_prompts
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
 OUT = Path("reports/inloop_calls")
@@ -63,12 +63,11 @@ def run(a: argparse.Namespace) -> None:
     _record(b.target, "target", log)
     _record(b.drafter, "drafter", log)
     tok = load_bundle_tokenizer(b.root, "target", b.manifest.files)
-    cfg = DecodeConfig(max_new_tokens=64, eos_ids=tuple(tok.eos_ids),
-                       vocab_limit=b.mapper.target_vocab_size, host_threads=1)  # fmt: skip
+    cfg = DecodeConfig(max_new_tokens=64, host_threads=1)
     for _, ids in load_prompts(tok, a.tasks.split(","), 1):
-        dec = make_decoder(b.target, b.drafter, b.mapper, cfg, policy="cost",
-                           draft_len=2 * b.manifest.draft_len, profile=prof,
-                           ngram_cache=copy.deepcopy(b.ngram_cache))  # fmt: skip
+        dec = build_decoder(b.target, b.drafter, b.mapper, policy="cost", config=cfg,
+                            draft_len=b.manifest.draft_len, profile=prof,
+                            ngram_cache=copy.deepcopy(b.ngram_cache))  # fmt: skip
         dec.generate(ids)
     calls = [c for c in log if c[1] <= 2 * b.manifest.draft_len + 1]  # not the prefills
     n_loop = len(calls)

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from omnidraft_deploy.exporters.export import initial_ngram_cache
 
-from benchmarks.common.pair import make_decoder
 from benchmarks.common.report import meta_lines, run_meta, write_report
 from benchmarks.real_pair_bundle import load_prompts
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
@@ -67,8 +67,7 @@ def run(a: argparse.Namespace) -> None:
     b = open_bundle(a.bundle, threads=a.threads)
     prof = measure_bundle(b, k_max=2 * b.manifest.draft_len, reps=3)["drafter"]
     tok = load_bundle_tokenizer(b.root, "target", b.manifest.files)
-    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
-                       vocab_limit=b.mapper.target_vocab_size, host_threads=1)  # fmt: skip
+    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, host_threads=1)
     chat = render_chat(getattr(tok, "chat_template", None), PALINDROME)
     prompts = [("palindrome", tok.encode(chat)), *load_prompts(tok, TASKS.split(","), 2)]
     seeds = {"prompts": prompt_seed(b.mapper, tok), "rank": initial_ngram_cache(b.mapper)}
@@ -76,9 +75,9 @@ def run(a: argparse.Namespace) -> None:
     for task, ids in prompts:
         outs = {}
         for name, seed in seeds.items():
-            dec = make_decoder(b.target, b.drafter, b.mapper, cfg, policy="cost",
-                               draft_len=2 * b.manifest.draft_len, profile=prof,
-                               ngram_cache=copy.deepcopy(seed))  # fmt: skip
+            dec = build_decoder(b.target, b.drafter, b.mapper, policy="cost", config=cfg,
+                                draft_len=b.manifest.draft_len, profile=prof,
+                                ngram_cache=copy.deepcopy(seed))  # fmt: skip
             outs[name], st = dec.generate(ids)
             rows.append({"task": task, "seed": name, "entries": len(seed),
                          "tokens_per_call": st.tokens_per_target_call,

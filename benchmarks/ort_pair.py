@@ -22,11 +22,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.pair import make_decoder
+from benchmarks.common.pair import fresh_lookup
 from benchmarks.common.timer import RunFn, decoder_run
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -159,18 +160,19 @@ def spec_methods(target: CausalLM, drafters: dict[str, tuple[CausalLM, VocabMapp
     """name -> run(prompt ids): every drafter cost-aware, lookup only, hybrids, +2/-1 rows."""
     any_mapper = next(iter(drafters.values()))[1]
     prof0 = profiles[""]
-    dec = make_decoder(target, None, any_mapper, cfg, policy="cost", draft_len=k_max,
-                       profile=prof0, lookup=True)  # fmt: skip
+    dec = build_decoder(target, None, any_mapper, config=cfg, policy="cost",
+                        draft_len=k_max // 2, profile=prof0, lookup=fresh_lookup())  # fmt: skip
     methods = {"ours_lookup": decoder_run(dec, profile=prof0)}
     for name, (lm, mapper) in drafters.items():
         prof = profiles[name]
         for row, look in ((f"ours_{name}", False), (f"ours_hybrid_{name}", True)):
             if look and name not in hybrid:
                 continue
-            dec = make_decoder(target, lm, mapper, cfg, policy="cost", draft_len=k_max,
-                               profile=prof, lookup=look)  # fmt: skip
+            dec = build_decoder(target, lm, mapper, config=cfg, policy="cost",
+                                draft_len=k_max // 2, profile=prof,
+                                lookup=fresh_lookup() if look else None)  # fmt: skip
             methods[row] = decoder_run(dec, profile=prof)
         if name in heuristic:
-            dec = make_decoder(target, lm, mapper, cfg, policy="heuristic", draft_len=4)
+            dec = build_decoder(target, lm, mapper, config=cfg, policy="heuristic", draft_len=4)
             methods[f"ours_{name}_heur"] = decoder_run(dec, profile=prof)
     return methods

@@ -20,6 +20,7 @@ from benchmarks.common.timer import decoder_run, target_run
 from omnidraft_deploy.speculative.cost import marginal_ms
 from omnidraft_deploy.speculative.decoder import DecodeConfig
 from omnidraft_deploy.speculative.draft_len import AcceptancePredictorDraftLen, CostAwareDraftLen
+from omnidraft_deploy.speculative.factory import pair_config
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer, render_chat
 
 
@@ -47,8 +48,7 @@ def compare_policies(a: argparse.Namespace) -> dict[str, Any]:
     b = open_bundle(a.bundle, threads=a.threads[0])
     prof = rpb._profiles(b, None, 5)["smollm2"]
     tok = load_bundle_tokenizer(b.root, "target", b.manifest.files)
-    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
-                       vocab_limit=b.mapper.target_vocab_size, host_threads=1)  # fmt: skip
+    cfg = pair_config(b.mapper, DecodeConfig(max_new_tokens=a.max_new_tokens, host_threads=1))
     raw = prompt_texts(code_edit=True)
     template = getattr(tok, "chat_template", None)
     prompts = [(t, tok.encode(render_chat(template, q["text"])))

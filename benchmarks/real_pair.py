@@ -37,6 +37,7 @@ from benchmarks.common.report import run_meta
 from benchmarks.common.timer import run_side_by_side, target_run
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import pair_config
 
 log = logging.getLogger("real_pair")
 CHUNKS = op.ROOT / "chunks"
@@ -68,8 +69,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     load0 = os.getloadavg()
     t0 = time.perf_counter()
     target, tok, lms, parity = _load(a)
-    cfg = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
-                       vocab_limit=next(iter(lms.values()))[1].target_vocab_size)  # fmt: skip
+    cfg = pair_config(next(iter(lms.values()))[1], DecodeConfig(max_new_tokens=a.max_new_tokens))
     profiles = measure(target, {n: lm for n, (lm, _) in lms.items()}, k_max=a.k_max, reps=a.reps)
     prof_path = op.ROOT / "cost_profile.json"
     write_text_atomic(prof_path, json.dumps({n: json.loads(p.to_json()) for n, p in

@@ -54,13 +54,14 @@ from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 from omnidraft_deploy.runtime.profile import measure_bundle
 
 from benchmarks.common import peers
-from benchmarks.common.pair import make_decoder, prompt_texts
+from benchmarks.common.pair import fresh_lookup, prompt_texts
 from benchmarks.common.report import meta_lines, run_meta, write_report
 from benchmarks.common.timer import RunFn, decoder_run, run_side_by_side, target_run
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
 from omnidraft_deploy.speculative.drafter import Mode
+from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 from omnidraft_deploy.vocab.bundle_tokenizer import (
     chat_prefix_ids,
     load_bundle_tokenizer,
@@ -90,11 +91,11 @@ def _decoder(bundle: OpenBundle, prof: CostProfile, cfg: DecodeConfig, *, model:
     src = drafter or bundle
     cache = copy.deepcopy(src.ngram_cache) if model else None  # each decoder grows its own
     if fixed:
-        return make_decoder(bundle.target, src.drafter, src.mapper, cfg, policy="fixed",
-                            draft_len=src.manifest.draft_len, ngram_cache=cache)  # fmt: skip
-    return make_decoder(bundle.target, src.drafter if model else None, src.mapper, cfg,
-                        policy="cost", draft_len=2 * bundle.manifest.draft_len, profile=prof,
-                        ngram_cache=cache, lookup=lookup)  # fmt: skip
+        return build_decoder(bundle.target, src.drafter, src.mapper, policy="fixed", config=cfg,
+                             draft_len=src.manifest.draft_len, ngram_cache=cache)  # fmt: skip
+    return build_decoder(bundle.target, src.drafter if model else None, src.mapper, config=cfg,
+                         policy="cost", draft_len=bundle.manifest.draft_len, profile=prof,
+                         ngram_cache=cache, lookup=fresh_lookup() if lookup else None)  # fmt: skip
 
 
 def _profiles(
@@ -114,8 +115,7 @@ def _profiles(
 def methods(a: argparse.Namespace, bundle: OpenBundle, others: dict[str, OpenBundle],
             profs: dict[str, CostProfile]) -> dict[str, RunFn]:  # fmt: skip
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
-    base = DecodeConfig(max_new_tokens=a.max_new_tokens, eos_ids=tuple(tok.eos_ids),
-                        vocab_limit=bundle.mapper.target_vocab_size, host_threads=1)  # fmt: skip
+    base = pair_config(bundle.mapper, DecodeConfig(max_new_tokens=a.max_new_tokens, host_threads=1))
     m: dict[str, RunFn] = {}
     warm = chat_prefix_ids(tok) if a.prompt_cache == "system" else []  # every row alike
     if "greedy" in a.modes:
@@ -241,13 +241,14 @@ def cmd_lossless(a: argparse.Namespace) -> None:
     load0 = os.getloadavg()
     bundle = open_bundle(a.bundle, threads=a.threads)
     tok = load_bundle_tokenizer(bundle.root, "target", bundle.manifest.files)
-    cfg = DecodeConfig(mode=Mode.EXACT, temperature=0.7, max_new_tokens=2, eos_ids=(),
-                       vocab_limit=bundle.mapper.target_vocab_size, host_threads=1)  # fmt: skip
+    cfg = pair_config(bundle.mapper, DecodeConfig(mode=Mode.EXACT, temperature=0.7, max_new_tokens=2,
+                                                  host_threads=1), stop_at_eos=False)  # fmt: skip
     report = []
     for task, ids in load_prompts(tok, a.tasks.split(","), 1):
         law = two_token_law(bundle, ids, cfg)
         # a fixed draft length: every step proposes, so acceptance and rejection both run
-        dec = make_decoder(bundle.target, bundle.drafter, bundle.mapper, cfg, draft_len=3)
+        dec = build_decoder(bundle.target, bundle.drafter, bundle.mapper, policy="fixed",
+                            draft_len=3, config=cfg, stop_at_eos=False)  # fmt: skip
         gen = torch.Generator().manual_seed(a.seed)
         counts: Counter[tuple[int, ...]] = Counter()
         proposed = accepted = 0

@@ -19,11 +19,8 @@ from tqdm import tqdm
 from omnidraft_deploy.bundle.atomic import write_text_atomic
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.protocols import CausalLM, DraftLengthPolicy
-from omnidraft_deploy.speculative.decoder import (
-    DecodeConfig,
-    SpeculativeDecoder,
-    generate_target_only,
-)
+from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
+from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 from omnidraft_deploy.vocab.mapper import VocabMapper
 
 log = logging.getLogger(__name__)
@@ -60,15 +57,19 @@ def run_decode_bench(
     target: CausalLM,
     drafter: CausalLM,
     mapper: VocabMapper,
-    policy: DraftLengthPolicy,
     prompts: list[BenchPrompt],
-    cfg: DecodeConfig,
+    config: DecodeConfig,
     *,
+    policy: str | DraftLengthPolicy = "heuristic",
+    draft_len: int = 4,
     ngram_cache: NGramCache | None = None,
     seed: int = 0,
 ) -> BenchResult:
-    """Run each prompt target-only and speculatively (same config, same seed) and record both."""
-    dec = SpeculativeDecoder(target, drafter, mapper, policy, ngram_cache, config=cfg)
+    """Run each prompt target-only and speculatively (same config, same seed) and record both;
+    ``policy`` at ``draft_len`` as ``speculative.factory.build_decoder`` takes it."""
+    cfg = pair_config(mapper, config)
+    dec = build_decoder(target, drafter, mapper, policy=policy, draft_len=draft_len, config=cfg,
+                        ngram_cache=ngram_cache)  # fmt: skip
     result = BenchResult()
     for p in tqdm(prompts, desc="bench", unit="prompt"):
         base_ids, base = generate_target_only(
@@ -166,7 +167,6 @@ def lossless_report(out_dir: str | Path, *, n_samples: int = 2000, length: int =
     ``exact`` must be indistinguishable from the target; ``omnidraft`` (merged n-gram proposals)
     is not exactly lossless and its total variation / chi-square figures are what it costs.
     """
-    from omnidraft_deploy.speculative.draft_len import FixedDraftLen
     from omnidraft_deploy.speculative.drafter import Mode
     from omnidraft_deploy.speculative.lossless import (
         deviation_report,
@@ -181,7 +181,8 @@ def lossless_report(out_dir: str | Path, *, n_samples: int = 2000, length: int =
     rows: dict[str, dict[str, float]] = {}
     for mode, cache in ((Mode.EXACT, None), (Mode.OMNIDRAFT, toy_ngram_cache())):
         cfg = DecodeConfig(mode=mode, temperature=1.0, max_new_tokens=length)
-        dec = SpeculativeDecoder(target, drafter, mapper, FixedDraftLen(3), cache, config=cfg)
+        dec = build_decoder(target, drafter, mapper, policy="fixed", draft_len=3, config=cfg,
+                            ngram_cache=cache, stop_at_eos=False)  # the law of 2 whole tokens
         rows[mode.value] = deviation_report(sample_sequences(dec, prompt, n_samples), truth)
     out = Path(out_dir)
     write_text_atomic(out / "lossless.json", json.dumps(rows, indent=2) + "\n")

@@ -29,8 +29,8 @@ from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_strea
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.resolve.load import load_model
-from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import HeuristicDraftLen
+from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,10 @@ def adapt_bundle(
     if weights is not None and state is not None:
         resume(drafter, weights, state / ADAPTED_DRAFTER)
     distiller = make_distiller(drafter, bundle.mapper, cfg)
-    decode = DecodeConfig(
-        max_new_tokens=max_new_tokens,
-        vocab_limit=bundle.mapper.target_vocab_size,
-        eos_ids=bundle.mapper.target_eos,
-    )
-    decoder = SpeculativeDecoder(
-        bundle.target, EagerLM(drafter), bundle.mapper,
-        HeuristicDraftLen(bundle.manifest.draft_len), bundle.ngram_cache, config=decode,
+    decoder = build_decoder(
+        bundle.target, EagerLM(drafter), bundle.mapper, policy="heuristic",
+        draft_len=bundle.manifest.draft_len, config=DecodeConfig(max_new_tokens=max_new_tokens),
+        ngram_cache=bundle.ngram_cache,
     )  # fmt: skip
     stream = [p for _ in range(rounds) for p in prompts]
     report = adapt_stream(decoder, distiller, stream, publish=publish)

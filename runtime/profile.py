@@ -45,8 +45,8 @@ from omnidraft_deploy.host.profile import (
 )
 from omnidraft_deploy.protocols import CausalLM
 from omnidraft_deploy.speculative.cost import CostProfile
-from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import FixedDraftLen
+from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.vocab.bundle_tokenizer import load_bundle_tokenizer
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,11 @@ def measure_host_overhead(bundle: OpenBundle, *, reps: int = 3, draft_len: int =
     cap = min(bundle.target.max_seq_len, bundle.drafter.max_seq_len)
     prompt = tok.encode(_HOST_PROMPT)[: cap // 2]
     new = max(1, min(HOST_STEPS_TOKENS, cap - len(prompt) - 2 * draft_len - 2))
-    cfg = DecodeConfig(max_new_tokens=new, vocab_limit=bundle.mapper.target_vocab_size,
-                       eos_ids=(), host_threads=1)  # fmt: skip
+    cfg = DecodeConfig(max_new_tokens=new, host_threads=1)
     per_step = []
     for _ in range(reps):
-        dec = SpeculativeDecoder(bundle.target, bundle.drafter, bundle.mapper,
-                                 FixedDraftLen(draft_len), config=cfg)  # fmt: skip
+        dec = build_decoder(bundle.target, bundle.drafter, bundle.mapper, policy="fixed",
+                            draft_len=draft_len, config=cfg, stop_at_eos=False)  # fmt: skip
         _, stats = dec.generate(prompt)
         steps = max(1, stats.target_calls)  # the first step is the prefill call
         per_step.append(1e3 * stats.overhead_s / steps)

@@ -28,7 +28,7 @@ from omnidraft_deploy.speculative.decoder import (
     check_prompt,
     generate_target_only,
 )
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, HeuristicDraftLen
+from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 from omnidraft_deploy.speculative.lookup import LookupProposer
 from omnidraft_deploy.speculative.stats import DecodeStats
 
@@ -41,27 +41,18 @@ def bundle_decoder(
 ) -> SpeculativeDecoder:
     """Speculative decoder over the bundle's graphs, mapper, n-gram cache and draft length;
     greedy unless ``config`` (mode, temperature, ...) is given. With a measured cost ``profile``
-    (``decoding_profile``): cost-aware drafting plus lookup drafts, chosen per step."""
+    (``decoding_profile``): cost-aware drafting plus lookup drafts, chosen per step; without, the
+    +2/-1 heuristic (``speculative.factory.build_decoder``)."""
     cfg = dataclasses.replace(
         config or DecodeConfig(max_new_tokens=max_new_tokens),
-        vocab_limit=bundle.mapper.target_vocab_size,
-        eos_ids=bundle.mapper.target_eos,
         host_threads=1,  # the graphs run in the runtime's own thread pools (DecodeConfig)
     )
-    if profile is not None:
-        return SpeculativeDecoder(
-            bundle.target, bundle.drafter, bundle.mapper,
-            CostAwareDraftLen(profile, 2 * bundle.manifest.draft_len), bundle.ngram_cache,
-            config=cfg, lookup=LookupProposer(), profile=profile,
-        )  # fmt: skip
-    return SpeculativeDecoder(
-        bundle.target,
-        bundle.drafter,
-        bundle.mapper,
-        HeuristicDraftLen(bundle.manifest.draft_len),
-        bundle.ngram_cache,
-        config=cfg,
-    )
+    return build_decoder(
+        bundle.target, bundle.drafter, bundle.mapper,
+        policy="heuristic" if profile is None else "cost", draft_len=bundle.manifest.draft_len,
+        config=cfg, profile=profile, ngram_cache=bundle.ngram_cache,
+        lookup=None if profile is None else LookupProposer(),
+    )  # fmt: skip
 
 
 def decoding_profile(bundle: OpenBundle, state: Path | None) -> CostProfile | None:
@@ -123,6 +114,5 @@ def target_only(
     """The bundle's target alone (the baseline ``run --stats`` compares against), on the target
     session the bundle already holds: its caches are addressed by position, so decoding from
     position 0 again needs nothing reset (``runtime.base``)."""
-    cfg = dataclasses.replace(config, vocab_limit=bundle.mapper.target_vocab_size,
-                              eos_ids=bundle.mapper.target_eos, host_threads=1)  # fmt: skip
+    cfg = pair_config(bundle.mapper, dataclasses.replace(config, host_threads=1))
     return generate_target_only(bundle.target, prompt_ids, cfg, generator)

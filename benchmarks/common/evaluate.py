@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.common.pair import make_decoder
 from omnidraft_deploy.distill.align import MapperLike, translate
 from omnidraft_deploy.ngram.cache import NGramCache
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.reference.torch_lm import EagerLM
 from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.factory import build_decoder
 
 _MARKERS = ("\nAnswer:", "\nAssistant:", "\nSummary:")  # a prompt ends where the answer starts
 
@@ -93,17 +93,17 @@ def evaluate_drafter(
     mapper: Any,
     prompts: list[list[int]],
     settings: EvalSettings,
-    eos_ids: tuple[int, ...] = (),
     *,
+    stop_at_eos: bool = False,
     teacher_forced: bool = True,
 ) -> tuple[dict[str, float], list[list[int]]]:
     """Greedy speculative decoding of ``prompts`` with ``drafter`` (eager) against ``target``
     (a ``CausalLM``), one decoder (and n-gram cache) for the whole stream. Returns (figures,
     generated target ids per prompt); ``teacher_forced``: also the drafter's top-1 agreement."""
-    cfg = DecodeConfig(max_new_tokens=settings.max_new_tokens, eos_ids=eos_ids,
-                       vocab_limit=mapper.target_vocab_size)  # fmt: skip
-    dec = make_decoder(target, EagerLM(drafter), mapper, cfg, draft_len=settings.draft_len,
-                       ngram_cache=NGramCache())  # fmt: skip
+    cfg = DecodeConfig(max_new_tokens=settings.max_new_tokens)
+    dec = build_decoder(target, EagerLM(drafter), mapper, policy="fixed", config=cfg,
+                        draft_len=settings.draft_len, ngram_cache=NGramCache(),
+                        stop_at_eos=stop_at_eos)  # fmt: skip
     acc = prop = gen = calls = 0
     outputs = []
     for p in prompts:

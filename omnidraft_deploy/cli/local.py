@@ -46,19 +46,15 @@ def cmd_assets(args: argparse.Namespace) -> int:
     return 0
 
 
-def decode_config(args: argparse.Namespace, eos: tuple[int, ...], vocab_limit: int) -> Any:
+def decode_config(args: argparse.Namespace) -> Any:
+    """Mode, temperature and token budget from the flags (the pair adds its vocabulary limit and
+    EOS ids: ``speculative.factory``)."""
     from omnidraft_deploy.speculative.decoder import DecodeConfig
     from omnidraft_deploy.speculative.drafter import Mode
 
     mode = Mode(args.mode)
     temperature = 0.0 if mode is Mode.GREEDY else args.temperature
-    return DecodeConfig(
-        mode=mode,
-        temperature=temperature,
-        max_new_tokens=args.max_new_tokens,
-        eos_ids=eos,
-        vocab_limit=vocab_limit,
-    )
+    return DecodeConfig(mode=mode, temperature=temperature, max_new_tokens=args.max_new_tokens)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -66,20 +62,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from omnidraft_deploy.ngram.cache import NGramCache
     from omnidraft_deploy.resolve.pair import build_pair
-    from omnidraft_deploy.speculative.decoder import SpeculativeDecoder, generate_target_only
-    from omnidraft_deploy.speculative.draft_len import make_policy
+    from omnidraft_deploy.speculative.decoder import generate_target_only
+    from omnidraft_deploy.speculative.factory import build_decoder, pair_config
 
     pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
-    cfg = decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
+    cfg = pair_config(pair.mapper, decode_config(args))
     ids = pair.target_tok.encode(args.prompt)
-    dec = SpeculativeDecoder(
-        pair.target,
-        pair.drafter,
-        pair.mapper,
-        make_policy(args.policy, args.draft_len),
-        NGramCache(),
-        config=cfg,
-    )
+    dec = build_decoder(pair.target, pair.drafter, pair.mapper, policy=args.policy,
+                        draft_len=args.draft_len, config=cfg, ngram_cache=NGramCache())  # fmt: skip
     out, stats = dec.generate(ids, generator=torch.Generator().manual_seed(args.seed))
     from omnidraft_deploy.request.streaming import (
         decode_continuation,  # keeps SentencePiece join spaces
@@ -100,7 +90,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from omnidraft_deploy.catalog.prompts import load_prompts
     from omnidraft_deploy.ngram.cache import NGramCache
     from omnidraft_deploy.resolve.pair import build_pair
-    from omnidraft_deploy.speculative.draft_len import make_policy
 
     if args.lossless:
         from omnidraft_deploy.bench import lossless_report
@@ -108,18 +97,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(lossless_report(args.out).read_text())
         return 0
     pair = build_pair(get_preset(args.target), get_preset(args.drafter), seed=args.seed)
-    cfg = decode_config(args, pair.target_tok.eos_ids, pair.mapper.target_vocab_size)
     prompts = [BenchPrompt(p.task, pair.target_tok.encode(p.text)) for p in load_prompts()]
-    result = run_decode_bench(
-        pair.target,
-        pair.drafter,
-        pair.mapper,
-        make_policy(args.policy, args.draft_len),
-        prompts,
-        cfg,
-        ngram_cache=NGramCache(),
-        seed=args.seed,
-    )
+    result = run_decode_bench(pair.target, pair.drafter, pair.mapper, prompts, decode_config(args),
+                              policy=args.policy, draft_len=args.draft_len,
+                              ngram_cache=NGramCache(), seed=args.seed)  # fmt: skip
     meta = {
         "target": args.target,
         "drafter": args.drafter,

@@ -15,6 +15,7 @@ from typing import Any
 
 from omnidraft_deploy import __version__
 from omnidraft_deploy.catalog.backends import backend_names, quantization_help
+from omnidraft_deploy.catalog.policies import NEEDS_PROFILE, PolicyName
 from omnidraft_deploy.catalog.presets import DEFAULT_DRAFTER, DEFAULT_TARGET, Role
 
 Handler = Callable[[argparse.Namespace], int]
@@ -173,7 +174,8 @@ def add_decode_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="for exact/omnidraft modes")
     p.add_argument("--max-new-tokens", type=NEW_TOKENS, default=48)
     p.add_argument("--draft-len", type=DRAFT_LEN, default=4)
-    p.add_argument("--policy", default="heuristic", choices=["fixed", "heuristic", "predictor"])
+    p.add_argument("--policy", default="heuristic",  # the draft_len.POLICIES that need no profile
+                   choices=[n.value for n in PolicyName if n not in NEEDS_PROFILE])  # fmt: skip
     p.add_argument("--seed", type=SEED, default=0)
 
 

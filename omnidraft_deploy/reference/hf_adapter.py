@@ -46,11 +46,8 @@ from omnidraft_deploy.bundle.files import sha256_file
 from omnidraft_deploy.catalog import assets
 from omnidraft_deploy.catalog.presets import Family, get_preset
 from omnidraft_deploy.reference.model import ModelArgs, Transformer
-from omnidraft_deploy.reference.rope import (
-    llama3_from_freq_factors,
-    rope_tables,
-    scaling_from_config,
-)
+from omnidraft_deploy.reference.rope import llama3_from_freq_factors, scaling_from_config
+from omnidraft_deploy.reference.truncate import materialise
 
 log = logging.getLogger(__name__)
 _ARCH_FIELDS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "intermediate_size")
@@ -127,15 +124,6 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, Tensor]:
     return out
 
 
-def _materialise_buffers(model: Transformer, dtype: torch.dtype) -> None:
-    a = model.args
-    cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
-    model.register_buffer("rope_cos", cos.to(dtype), persistent=False)
-    model.register_buffer("rope_sin", sin.to(dtype), persistent=False)
-    for i, shape in enumerate(model.cache_shapes()):
-        model.register_buffer(f"kv_cache_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
-
-
 def load_hf_folder(folder: str | Path, *, dtype: torch.dtype = torch.float32,
                    max_seq_len: int | None = None) -> tuple[Transformer, Family]:  # fmt: skip
     """Build the model described by ``folder/config.json`` with its safetensors weights."""
@@ -160,7 +148,7 @@ def load_hf_folder(folder: str | Path, *, dtype: torch.dtype = torch.float32,
     del state
     if args.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    _materialise_buffers(model, dtype)
+    materialise(model, dtype)
     return model.eval(), family
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import torch
 
 from omnidraft_deploy.reference.model import Transformer
+from omnidraft_deploy.reference.rope import rope_tables
 
 
 def truncate_layers(
@@ -41,17 +42,15 @@ def truncate_layers(
     out.load_state_dict({k: v.clone() for k, v in keep.items()}, strict=False, assign=True)
     if args.tie_embeddings:
         out.lm_head.weight = out.model.embed_tokens.weight
-    _materialise(out, dtype)
+    materialise(out, dtype)
     missing = [n for n, p in out.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"truncation left parameters unset: {missing[:5]}")
     return out.eval()
 
 
-def _materialise(model: Transformer, dtype: torch.dtype) -> None:
+def materialise(model: Transformer, dtype: torch.dtype) -> None:
     """Real (non-meta) RoPE tables and zeroed KV caches for a model built on ``meta``."""
-    from omnidraft_deploy.reference.model import rope_tables
-
     a = model.args
     cos, sin = rope_tables(a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling)
     model.register_buffer("rope_cos", cos.to(dtype), persistent=False)

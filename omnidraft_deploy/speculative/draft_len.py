@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omnidraft_deploy.catalog.policies import NEEDS_PROFILE, PolicyName
+from omnidraft_deploy.protocols import DraftLengthPolicy
 from omnidraft_deploy.speculative.cost import CostProfile, extension_pays, step_ms
 
 
@@ -199,27 +201,30 @@ class CostAwareDraftLen(AcceptancePredictorDraftLen):
             self.rate += self.ema * ((1.0 if j < n_accepted else 0.0) - self.rate)
 
 
-POLICIES = {
-    "fixed": FixedDraftLen,
-    "heuristic": HeuristicDraftLen,
-    "predictor": AcceptancePredictorDraftLen,
-    "cost": CostAwareDraftLen,
+POLICIES: dict[PolicyName, type[DraftLengthPolicy]] = {
+    PolicyName.FIXED: FixedDraftLen,
+    PolicyName.HEURISTIC: HeuristicDraftLen,
+    PolicyName.PREDICTOR: AcceptancePredictorDraftLen,
+    PolicyName.COST: CostAwareDraftLen,
 }
 
 
-def make_policy(
-    name: str, draft_len: int, profile: CostProfile | None = None
-) -> FixedDraftLen | HeuristicDraftLen | AcceptancePredictorDraftLen:
-    """Policy by name (``cost`` needs a measured ``profile``, and drafts up to 2 * draft_len);
-    unknown names raise KeyError listing the valid ones."""
-    if name == "fixed":
+def make_policy(name: str, draft_len: int, profile: CostProfile | None = None) -> DraftLengthPolicy:
+    """The policy ``name`` (a ``POLICIES`` key) at ``draft_len``. ``predictor`` and ``cost`` draft
+    up to 2 * draft_len (one cap for the runtime, the CLI and the benchmarks); ``cost`` needs a
+    measured ``profile``. Unknown names raise ``KeyError`` listing the valid ones."""
+    if name not in POLICIES:
+        raise KeyError(f"unknown draft-length policy {name!r}; choose from {sorted(p.value for p in POLICIES)}")
+    policy = PolicyName(name)
+    if (profile is None) == (policy in NEEDS_PROFILE):
+        need = "needs a cost profile (omnidraft profile BUNDLE)" if profile is None else (
+            "takes no cost profile (only the cost policy is steered by one)")  # fmt: skip
+        raise ValueError(f"the {name} policy {need}")
+    if policy is PolicyName.FIXED:
         return FixedDraftLen(draft_len)
-    if name == "heuristic":
+    if policy is PolicyName.HEURISTIC:
         return HeuristicDraftLen(draft_len)
-    if name == "predictor":
+    if policy is PolicyName.PREDICTOR:
         return AcceptancePredictorDraftLen(max_len=2 * draft_len)
-    if name == "cost":
-        if profile is None:
-            raise ValueError("the cost policy needs a cost profile (omnidraft profile BUNDLE)")
-        return CostAwareDraftLen(profile, max_len=2 * draft_len)
-    raise KeyError(f"unknown draft-length policy {name!r}; choose from {sorted(POLICIES)}")
+    assert profile is not None
+    return CostAwareDraftLen(profile, max_len=2 * draft_len)

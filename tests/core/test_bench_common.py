@@ -1,9 +1,8 @@
-"""The benchmarks' common part: round-robin timer, decoder factory, report writer (no timing
+"""The benchmarks' common part: round-robin timer, report writer (no timing
 asserted: these check the order of calls, the rows, the wiring and what a report records)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,11 +11,8 @@ import pytest
 import torch
 
 from benchmarks.common import report, timer
-from benchmarks.common.pair import make_decoder, prompt_texts
+from benchmarks.common.pair import prompt_texts
 from omnidraft_deploy.speculative.cost import CostProfile
-from omnidraft_deploy.speculative.decoder import DecodeConfig, generate_target_only
-from omnidraft_deploy.speculative.hybrid import HybridProposer
-from omnidraft_deploy.testing import toy_models
 
 PROFILE = CostProfile(target_ms=(10.0, 11.0, 12.0, 13.0), drafter_ms=(1.0, 1.1, 1.2, 1.3))
 
@@ -52,30 +48,6 @@ def test_side_by_side_rows_name_their_own_baseline() -> None:
     assert seen == [1] * 20 and torch.get_num_threads() == before
     assert res.meta["threads"] == 1 and len(res.meta["load_avg_start"]) == 3
     assert res.meta["utc_start"] <= res.meta["utc_end"]
-
-
-def test_the_factory_wires_cost_aware_hybrid_decoders() -> None:
-    target, drafter, mapper = toy_models()
-    cfg = DecodeConfig(max_new_tokens=6)
-    prompt = [1, 2, 3]
-    want, _ = generate_target_only(target, prompt, cfg)
-    dec = make_decoder(target, drafter, mapper, cfg, policy="cost", draft_len=3, profile=PROFILE,
-                       lookup=True)  # fmt: skip
-    assert isinstance(dec.drafter, HybridProposer)
-    priced = dataclasses.replace(PROFILE, prefill_ms_per_token=2.0)
-    out, wall, st = timer.decoder_run(dec, profile=priced)(prompt)
-    assert out == want and wall > 0  # greedy speculative output is target-only output
-    extra = getattr(st, "extra", {})
-    assert {"predicted_base_ms", "predicted_spec_ms", "model", "lookup", "none"} <= set(extra)
-    assert extra["prefill_ms"] == 3 * 2.0  # the prompt's 3 tokens, paid alike by target-only
-    fixed = make_decoder(target, drafter, mapper, cfg, policy="fixed", draft_len=2)
-    assert timer.decoder_run(fixed)(prompt)[0] == want == timer.target_run(target, cfg)(prompt)[0]
-    with pytest.raises(ValueError, match="measured profile"):
-        make_decoder(target, drafter, mapper, cfg, policy="cost")
-    with pytest.raises(ValueError, match="cost policy only"):
-        make_decoder(target, drafter, mapper, cfg, policy="heuristic", profile=PROFILE)
-    with pytest.raises(KeyError, match="unknown draft-length policy"):
-        make_decoder(target, drafter, mapper, cfg, policy="fastest")
 
 
 def test_a_term_line_names_the_decode_phase_and_the_prefill_share() -> None:

@@ -29,14 +29,7 @@ class CheckedLM:
 
     def __init__(self, inner: EagerLM) -> None:
         self.inner, self.shadow = inner, []
-
-    @property
-    def vocab_size(self) -> int:
-        return self.inner.vocab_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.inner.max_seq_len
+        self.vocab_size, self.max_seq_len = inner.vocab_size, inner.max_seq_len  # fixed by inner
 
     def forward(self, token_ids: Tensor, start_pos: int) -> Tensor:
         assert start_pos <= len(self.shadow), "forward left a gap in the KV cache"

@@ -177,16 +177,17 @@ LISTED = ["vocab_map.bin", "ngram_cache.bin", "drafter.onnx", "target.onnx", "ex
           *TOKENIZER_FILES]  # fmt: skip
 
 
-def _listed(rng: random.Random, root: Path | None = None) -> str:
-    """A listed file; with ``root``, one that is still a plain file (else OSError: skipped)."""
+def _listed(rng: random.Random, root: Path, doc: dict) -> str:
+    """A file the manifest ``doc`` still lists that is still a plain file (else OSError: the
+    edit is skipped; an earlier edit may have unlisted it, and an unlisted file is never read)."""
     rel = rng.choice(LISTED)
-    if root is not None and ((root / rel).is_symlink() or not (root / rel).is_file()):
+    if rel not in doc["files"] or (root / rel).is_symlink() or not (root / rel).is_file():
         raise FileNotFoundError(rel)
     return rel
 
 
 def symlink_file(root: Path, doc: dict, rng: random.Random) -> None:
-    rel = _listed(rng, root)
+    rel = _listed(rng, root, doc)
     copy = root.parent / f"{root.name}-outside-{rel.replace('/', '_')}"
     shutil.copyfile(root / rel, copy)  # identical bytes: only the link is wrong
     (root / rel).unlink()
@@ -205,23 +206,23 @@ def symlink_unlisted(root: Path, doc: dict, rng: random.Random) -> None:
 
 
 def fifo(root: Path, doc: dict, rng: random.Random) -> None:
-    rel = _listed(rng, root)
+    rel = _listed(rng, root, doc)
     (root / rel).unlink()
     os.mkfifo(root / rel)
 
 
 def delete(root: Path, doc: dict, rng: random.Random) -> None:
-    (root / _listed(rng, root)).unlink()
+    (root / _listed(rng, root, doc)).unlink()
 
 
 def dir_for_file(root: Path, doc: dict, rng: random.Random) -> None:
-    rel = _listed(rng, root)
+    rel = _listed(rng, root, doc)
     (root / rel).unlink()
     (root / rel).mkdir()
 
 
 def change_unlisted(root: Path, doc: dict, rng: random.Random) -> None:
-    p = root / _listed(rng, root)
+    p = root / _listed(rng, root, doc)
     data = bytearray(p.read_bytes())
     data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
     p.write_bytes(bytes(data))
@@ -392,8 +393,9 @@ BREAKS: dict[str, Mutation] = {f.__name__: f for f in (
 KEEPS: dict[str, Mutation] = {f.__name__: f for f in (
     graph_meta, table_bytes, manifest_field, extras, special_value, expected_value,
     tokenizer_bytes, template_bytes, unlist_special)}  # fmt: skip
-# breaks that a later edit relisting the same file can legitimately repair
-REPAIRABLE = {"change_unlisted", "size_claim"}
+# breaks of one listed file that a later edit relisting or unlisting it (``table_bytes``,
+# ``unlist_special``, ...) can legitimately repair: an unlisted file is never read
+REPAIRABLE = {"change_unlisted", "size_claim", "delete", "fifo", "dir_for_file"}
 MUTATIONS: dict[str, Mutation] = BREAKS | KEEPS
 
 

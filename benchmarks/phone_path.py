@@ -1,0 +1,166 @@
+"""The phone path's target graph against the desktop one and llama.cpp: decode tok/s by context.
+
+    python -m benchmarks.phone_path --pte bundles/q15-xnn --onnx bundles/q15-onnx \
+        --gguf <the target's GGUF> --contexts 64,512,4000 --threads 2
+
+For each context length C (``--contexts``) and each engine (the ``.pte`` target of ``--pte``
+through ExecuTorch's runtime, the ONNX target of ``--onnx`` through the runtime's ``OrtModel``,
+llama.cpp's ``Llama.eval`` on ``--gguf``): a C-token prompt of ordinary ids is prefilled from
+position 0 (timed: prefill tok/s), then ``--tokens`` greedy 1-token calls follow (each timed: the
+median is the decode figure). Engines run in one process with explicit threads (``--threads``:
+the ExecuTorch threadpool, ORT intra-op without spinning, llama.cpp's ``n_threads``), and rows are
+interleaved round-robin (context, then engine, ``--rounds`` times) so a change in the machine's
+state reaches every engine alike; the load average is recorded beside every row. Writes
+``reports/phone_path/phone_path.{json,md,png}``. Nothing is asserted: the figures are ratios
+measured side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
+
+OUT = Path("reports/phone_path")
+Step = Callable[[list[int], int], np.ndarray]  # (ids, start) -> logits of the last row (V,)
+
+
+def _prompt(n: int) -> list[int]:
+    return [100 + (i * 37) % 5000 for i in range(n)]  # ordinary ids of every vocabulary here
+
+
+def bundle_step(bundle: Path, threads: int) -> tuple[Step, int]:
+    """The bundle's target graph as a step function, and its KV slots."""
+    import torch
+
+    from benchmarks.gguf_bundle import ort_model, target_info
+
+    model, info = ort_model(bundle, threads), target_info(bundle)
+
+    def step(ids: list[int], start: int) -> np.ndarray:
+        return np.asarray(model.forward(torch.tensor(ids), start)[-1])
+
+    return step, info.max_seq_len
+
+
+def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)  # fmt: skip
+
+    def step(ids: list[int], start: int) -> np.ndarray:
+        llm.n_tokens = start  # the KV cache cut back to ``start`` (a rollback, as ours)
+        llm.eval(ids)
+        return np.asarray(llm.scores[llm.n_tokens - 1])
+
+    return step, n_ctx
+
+
+def measure(step: Step, context: int, tokens: int) -> dict[str, float]:
+    """Prefill ``context`` tokens, then ``tokens`` greedy 1-token calls."""
+    t0 = time.perf_counter()
+    row = step(_prompt(context), 0)
+    prefill_s = time.perf_counter() - t0
+    calls, pos, nxt = [], context, int(row.argmax())
+    for _ in range(tokens):
+        t0 = time.perf_counter()
+        row = step([nxt], pos)
+        calls.append(time.perf_counter() - t0)
+        pos, nxt = pos + 1, int(row.argmax())
+    return {"prefill_tok_s": context / prefill_s, "decode_tok_s": 1.0 / statistics.median(calls),
+            "decode_ms_p90": 1e3 * float(np.percentile(calls, 90)), "load_avg_1m": os.getloadavg()[0]}  # fmt: skip
+
+
+def run(engines: dict[str, tuple[Step, int]], contexts: list[int], tokens: int,
+        rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for r in range(rounds):
+        for c in contexts:
+            for name, (step, slots) in engines.items():
+                if c + tokens + 1 > slots:
+                    continue
+                rows.append({"engine": name, "context": c, "round": r} | measure(step, c, tokens))
+                print(rows[-1], flush=True)
+    return rows
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (engine, context): the median over rounds of decode and prefill tok/s."""
+    keys = sorted({(r["engine"], r["context"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    out = []
+    for engine, ctx in keys:
+        mine = [r for r in rows if r["engine"] == engine and r["context"] == ctx]
+        out.append({"engine": engine, "context": ctx,
+                    "decode_tok_s": statistics.median(r["decode_tok_s"] for r in mine),
+                    "prefill_tok_s": statistics.median(r["prefill_tok_s"] for r in mine),
+                    "load_avg_1m": [round(r["load_avg_1m"], 2) for r in mine]})  # fmt: skip
+    return out
+
+
+def markdown(data: dict[str, Any]) -> str:
+    engines = list(dict.fromkeys(s["engine"] for s in data["summary"]))
+    contexts = sorted({s["context"] for s in data["summary"]})
+    cell = {(s["engine"], s["context"]): s for s in data["summary"]}
+    lines = ["# Phone path: target decode tok/s by context", "", *meta_lines(data["meta"]),
+             "| context | " + " | ".join(engines) + " |",
+             "|---|" + "---|" * len(engines)]  # fmt: skip
+    for c in contexts:
+        vals = [cell.get((e, c)) for e in engines]
+        lines.append(f"| {c} | " + " | ".join(
+            "-" if v is None else f"{v['decode_tok_s']:.1f} (prefill {v['prefill_tok_s']:.0f})"
+            for v in vals) + " |")  # fmt: skip
+    lines += ["", "Decode: median of 1-token calls; prefill: one call over the context. "
+              "Load averages per row are in the JSON."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for engine in dict.fromkeys(s["engine"] for s in data["summary"]):
+        pts = [(s["context"], s["decode_tok_s"]) for s in data["summary"] if s["engine"] == engine]
+        ax.plot(*zip(*pts, strict=True), marker="o", label=engine)
+    ax.set(xscale="log", xlabel="context (tokens)", ylabel="decode tok/s", title="target decode")
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pte", type=Path, help="bundle with an XNNPACK .pte target")
+    ap.add_argument("--onnx", type=Path, help="bundle with an ONNX target")
+    ap.add_argument("--gguf", type=Path, help="llama.cpp on this GGUF")
+    ap.add_argument("--contexts", default="64,512,4000")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    contexts = [int(c) for c in a.contexts.split(",")]
+    load0 = os.getloadavg()
+    engines: dict[str, tuple[Step, int]] = {}
+    if a.pte:
+        engines["xnnpack .pte"] = bundle_step(a.pte, a.threads)
+    if a.onnx:
+        engines["onnx"] = bundle_step(a.onnx, a.threads)
+    if a.gguf:
+        engines["llama.cpp"] = llamacpp_step(a.gguf, a.threads, max(contexts) + a.tokens + 8)
+    rows = run(engines, contexts, a.tokens, a.rounds)
+    payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "rows": rows,
+               "summary": summary(rows)}  # fmt: skip
+    a.out.mkdir(parents=True, exist_ok=True)
+    print(write_report(a.out / "phone_path", payload, markdown=markdown, plot=plot))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Where a ``.pte`` decode call spends its time: per kernel, delegated (XNNPACK) or portable.
+
+    python -m benchmarks.pte_profile bundles/q15-xnn/target.pte --context 512 --calls 16
+
+The program is loaded with ExecuTorch's event tracer on (``enable_etdump``), prefilled with
+``--context`` ordinary ids, then stepped ``--calls`` times with 1-token calls; the trace is read
+back with ``executorch.devtools.Inspector``. Per call it reports: the instructions outside the
+delegate by kernel (count and milliseconds: ``aten::mean``, ``llama::update_cache``, ...), the
+delegate calls (count and milliseconds) and the call's wall time. The counts come from the
+serialized program (``lower.program_ops``) and do not depend on the machine, so a regression
+(a new portable op, a cache rewrite back in the loop) shows as a count; the milliseconds say
+what it costs. Writes ``reports/pte_profile/<name>.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common.report import meta_lines, run_meta, write_report
+
+OUT = Path("reports/pte_profile")
+
+
+def trace_calls(pte: Path, context: int, calls: int, threads: int) -> tuple[Any, list[float]]:
+    """Run ``pte`` with the event tracer; returns the Inspector's frame of the decode calls and
+    their wall times (s)."""
+    from executorch.devtools import Inspector
+    from executorch.extension.pybindings import portable_lib
+
+    from omnidraft_deploy.optional import executorch_runtime
+
+    executorch_runtime()  # the quantized and llama kernels registered
+    portable_lib._unsafe_reset_threadpool(threads)
+    module = portable_lib._load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+    ids = torch.tensor([[5 + (i * 37) % 300 for i in range(context)]])  # ids of any vocabulary
+    module.run_method("forward", (ids, torch.arange(context)))
+    walls = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        module.run_method("forward", (torch.tensor([[11]]), torch.tensor([context + i])))
+        walls.append(time.perf_counter() - t0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.etdp"
+        module.write_etdump_result_to_file(str(path))
+        frame = Inspector(etdump_path=str(path)).to_dataframe()
+    return frame, walls
+
+
+def per_call(frame: Any, n_runs: int) -> dict[str, dict[str, float]]:
+    """Kernel -> {count, ms} per call, averaged over the ``n_runs`` forward runs traced (the
+    prefill's run included: its share is one run in ``n_runs``). Portable kernels appear as
+    ``native_call_<kernel>``, XNNPACK's subgraphs as ``DELEGATE_CALL``."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0.0, "ms": 0.0})
+    for _, row in frame.iterrows():
+        if row["event_block_name"] != "Execute" or row["is_delegated_op"]:
+            continue
+        name = str(row["event_name"])
+        if name == "OPERATOR_CALL":
+            continue  # the dispatch wrapper around each native_call_* (counted there)
+        key = name.removeprefix("native_call_")
+        out[key]["count"] += 1 / n_runs
+        out[key]["ms"] += sum(row["raw"]) / max(1, len(row["raw"])) / n_runs
+    return dict(out)
+
+
+def profile(pte: Path, context: int, calls: int, threads: int) -> dict[str, Any]:
+    from omnidraft_deploy.exporters.xnnpack.lower import program_ops
+
+    frame, walls = trace_calls(pte, context, calls, threads)
+    kernels = per_call(frame, 1)
+    return {"pte": str(pte), "context": context, "calls": calls,
+            "wall_ms_median": 1e3 * statistics.median(walls),
+            "program_ops": program_ops(pte.read_bytes()),
+            "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["ms"]))}  # fmt: skip
+
+
+def markdown(data: dict[str, Any]) -> str:
+    r = data["result"]
+    portable = {k: v for k, v in r["program_ops"].items() if k != "DelegateCall"}
+    lines = [f"# Per-call profile of `{r['pte']}` at context {r['context']}", "",
+             *meta_lines(data["meta"]),
+             f"Wall time of a 1-token call (median of {r['calls']}): {r['wall_ms_median']:.2f} ms. "
+             f"Delegate calls per call: {r['program_ops'].get('DelegateCall', 0)}; portable "
+             f"instructions per call: {sum(portable.values())}.", "",
+             "| kernel (portable) | per call | ms (mean event) |", "|---|---|---|"]  # fmt: skip
+    for name, count in portable.items():
+        ms = r["kernels"].get(name.split("::")[-1].rsplit(".", 1)[0] + ".out", {}).get("ms")
+        lines.append(f"| `{name}` | {count} | {'-' if ms is None else f'{ms:.3f}'} |")
+    lines += ["", "Traced events (mean ms of one event, all runs):", "",
+              "| event | ms |", "|---|---|"]  # fmt: skip
+    lines += [f"| `{k}` | {v['ms']:.3f} |" for k, v in list(r["kernels"].items())[:20]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pte", type=Path)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="")
+    a = ap.parse_args()
+    load0 = os.getloadavg()
+    result = profile(a.pte, a.context, a.calls, a.threads)
+    payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "result": result}
+    OUT.mkdir(parents=True, exist_ok=True)
+    name = a.name or f"{a.pte.parent.name}_{a.pte.stem}_ctx{a.context}"
+    print(write_report(OUT / name, payload, markdown=markdown).with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

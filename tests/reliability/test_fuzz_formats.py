@@ -218,8 +218,9 @@ def _fuzz_bundles(base: Path, seed: Path, breaks: Any, mutations: Any) -> None:
             try:
                 mutations[name](work, doc, rng)
                 applied.append(name)
-            except (OSError, KeyError, TypeError, IndexError):  # two edits can clash (a file
-                # deleted, then linked; a section replaced, then edited): skip the second
+            except (OSError, KeyError, TypeError, IndexError, ValueError, RecursionError):
+                # two edits can clash (a file deleted, then linked; a section replaced, then
+                # edited; a JSON file cut, then edited as JSON): skip the second
                 pass
         (work / "manifest.json").write_text(json.dumps(doc))
         touched.update({f"file {FILE_OF[name]}" for name in applied})

@@ -6,20 +6,22 @@ a broadcast GQA matmul) lowers to portable kernels that rewrite every cache func
 in every call: on Qwen2.5-Coder-1.5B ~1.3 GiB written a call, 3.4 tok/s. ExecuTorch's LLM recipe
 (``examples/models/llama``: ``CustomKVCache``) holds each cache as a mutable program buffer and
 writes only the T new rows with ``llama::update_cache`` (``extension/llm/custom_ops``, in the
-pinned wheel). Here every cache is a buffer ``(KV, S, 1, D)`` (update_cache's ``(B, S, H, D)``
-with the KV heads as its batch), so each head's slots are one contiguous ``(S, D)`` matrix that
-the delegated matmuls read in place. Two attention kernels (``kernel``):
+pinned wheel). Two attention kernels (``kernel``), each with the cache layout it reads:
 
-- ``"span"`` (default): scores over all ``S`` slots as XNNPACK batch matmuls, grouped per KV head
+- ``"span"`` (default): caches ``(KV, S, 1, D)`` (update_cache's ``(B, S, H, D)`` with the KV
+  heads as its batch: each head's slots one contiguous ``(S, D)`` matrix the delegated matmuls
+  read in place); scores over all ``S`` slots as XNNPACK batch matmuls, grouped per KV head
   (``(KV, S, D) @ (KV, D, rep * T)``: no head is widened), an additive mask for the slots past
   each row's position, XNNPACK's softmax, ``(KV, rep * T, S) @ (KV, S, D)``. Every row is
   computed over the same ``S`` slots with the same kernels whatever ``T`` is, so a verify call's
   rows equal 1-token calls' bit for bit (greedy speculative output == target-only's). It reads
   all ``S`` slots of K and V per layer (fp32: ``2 * S * KV * D * 4`` B) whatever the position.
-- ``"custom_sdpa"``: ``llama::custom_sdpa(q, k, v, start_pos, None, 0, True)`` reads only the
-  first ``start_pos + T`` slots, but its blocked flash attention sums rows in an order that
-  depends on ``T`` and ``start_pos`` (measured: 1-token rows differ from a verify call's in the
-  last bits), so speculative output is not guaranteed to be target-only's. Kept for measurement.
+- ``"custom_sdpa"``: ``llama::custom_sdpa(q, k, v, start_pos, None, 0, True)`` over caches
+  ``(1, S, KV, D)`` reads only the first ``start_pos + T`` slots, but its blocked flash
+  attention sums rows in an order that depends on ``T`` and ``start_pos`` (measured: 1-token
+  rows differ from a verify call's in the last bits). A target on it would not guarantee greedy
+  speculative == target-only; a drafter does not need that (its rows only propose: the target
+  verifies), so drafters take it (``kernel_for_role``).
 
 Rollback is free either way: slots past a row's position are masked (span) or not read (custom),
 and the next call overwrites them. Positions must be contiguous (``input_pos = start +
@@ -63,7 +65,11 @@ class InPlaceKVAttention(nn.Module):
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose from {KERNELS}")
         self.kernel = kernel
+        # update_cache's (B, S, H, D): span keeps each KV head's slots contiguous (the KV heads
+        # as its batch), custom_sdpa reads the layout it takes, (1, S, KV, D)
         shape = (n_kv_heads, max_seq_len, 1, head_dim)
+        if kernel == "custom_sdpa":
+            shape = (1, max_seq_len, n_kv_heads, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
 
@@ -71,15 +77,19 @@ class InPlaceKVAttention(nn.Module):
         _, n_heads, t, head_dim = q.shape
         k_cache: Tensor = self.k_cache  # type: ignore[assignment]
         v_cache: Tensor = self.v_cache  # type: ignore[assignment]
-        n_kv, slots = k_cache.shape[0], k_cache.shape[1]
+        n_kv, slots = k.shape[1], k_cache.shape[1]
         start = input_pos[0].item()
         torch._check(start >= 0)
         torch._check(t <= slots)  # T's upper bound (memory planning), as the call's limit below
         torch._check(start + t <= slots)
+        if self.kernel == "custom_sdpa":
+            torch.ops.llama.update_cache(k.transpose(1, 2), k_cache, start)  # (1, T, KV, D)
+            torch.ops.llama.update_cache(v.transpose(1, 2), v_cache, start)
+            out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), k_cache, v_cache, start,
+                                              None, 0, True)  # fmt: skip
+            return out.reshape(1, t, n_heads * head_dim)
         torch.ops.llama.update_cache(k[0].unsqueeze(2), k_cache, start)  # (KV, T, 1, D)
         torch.ops.llama.update_cache(v[0].unsqueeze(2), v_cache, start)
-        if self.kernel == "custom_sdpa":
-            return _custom_sdpa(q, k_cache, v_cache, start)
         keys, values = k_cache.view(n_kv, slots, head_dim), v_cache.view(n_kv, slots, head_dim)
         if mask.shape[-1] < slots:  # eager: the call's span only (never when exporting)
             keys, values = keys[:, : mask.shape[-1]], values[:, : mask.shape[-1]]
@@ -93,15 +103,6 @@ class InPlaceKVAttention(nn.Module):
         return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
 
 
-def _custom_sdpa(q: Tensor, k_cache: Tensor, v_cache: Tensor, start: int) -> Tensor:
-    """``llama::custom_sdpa`` over caches ``(KV, S, 1, D)``: it takes ``(1, S, KV, D)``."""
-    _, n_heads, t, head_dim = q.shape
-    keys = k_cache.permute(2, 1, 0, 3)  # (1, S, KV, D), a strided view the kernel reads
-    values = v_cache.permute(2, 1, 0, 3)
-    out = torch.ops.llama.custom_sdpa(q.transpose(1, 2), keys, values, start, None, 0, True)
-    return out.reshape(1, t, n_heads * head_dim)
-
-
 def dynamic_shapes() -> tuple[dict[int, Any], ...]:
     """``torch.export`` dynamic_shapes of ``StatefulExportable`` on this attention: T unbounded
     as given, bounded by the attention's own checks (``T <= S``). A bounded ``Dim`` fails here:
@@ -109,6 +110,12 @@ def dynamic_shapes() -> tuple[dict[int, Any], ...]:
     == D * T``) that holds for every T >= 1 but that torch.export cannot prove over a range."""
     t = torch.export.Dim.DYNAMIC
     return ({1: t}, {0: t})
+
+
+def kernel_for_role(role: str) -> str:
+    """``"span"`` for a target (its rows must not depend on the call's width), ``"custom_sdpa"``
+    for a drafter (proposals only; it reads the slots it uses, not all ``S``)."""
+    return "custom_sdpa" if role == "drafter" else "span"
 
 
 def use_llm_attention(model: nn.Module, kernel: str = "span") -> nn.Module:

@@ -103,3 +103,21 @@ def test_no_per_call_cache_rewrite_left_in_the_portable_kernels(pte) -> None:
     ops = program_ops(pte[0].read_bytes())  # the serialized program's instructions, per call
     assert ops["llama::update_cache.out"] == 2 * SPEC.n_layers  # in place: no copy-back
     assert not any("index_put" in op or "expand" in op for op in ops), ops
+
+
+def test_a_drafter_pte_on_custom_sdpa_matches_eager(eager: Transformer, tmp_path: Path) -> None:
+    """Drafters read only the slots they use (``kernel_for_role``); their rows need not be
+    batch invariant, only close to eager (the target verifies every proposal)."""
+    from omnidraft_deploy.exporters.xnnpack.llm_attention import kernel_for_role
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte, program_ops
+
+    assert kernel_for_role("drafter") == "custom_sdpa" and kernel_for_role("target") == "span"
+    path = tmp_path / "drafter.pte"
+    export_pte(eager, path, recipe=get_recipe("xnnpack", "fp32"), eos_ids=(2,),
+               attention="custom_sdpa")  # fmt: skip
+    assert program_ops(path.read_bytes())["llama::custom_sdpa.out"] == SPEC.n_layers
+    call = _pte_calls(path)
+    with torch.no_grad():
+        ref = _chunks(eager, [24])[0]
+    assert (call(0, 16) - ref[:16]).abs().max() < 1e-4
+    assert (call(16, 8) - ref[16:]).abs().max() < 1e-4

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from omnidraft_deploy.optional import require
+from omnidraft_deploy.reference.model import ModelArgs
 
 LLM_OPS = "executorch.extension.llm.custom_ops.custom_ops"  # registers llama::* (AOT + runtime)
 KERNELS = ("span", "custom_sdpa")
@@ -123,8 +124,9 @@ def use_llm_attention(model: nn.Module, kernel: str = "span") -> nn.Module:
     ``InPlaceKVAttention``; its own ``(1, KV, S, D)`` buffers, unread on this path, are emptied
     so the program does not carry them. Returns ``model`` (modified in place)."""
     load_llm_ops()
-    a = model.args  # type: ignore[union-attr]
-    for layer in model.model.layers:  # type: ignore[union-attr]
+    a: ModelArgs = model.args  # type: ignore[assignment]
+    layers: Any = model.model.layers  # type: ignore[union-attr]
+    for layer in layers:
         layer.self_attn.kv_attend = InPlaceKVAttention(
             a.max_seq_len, a.n_kv_heads, a.head_dim, kernel
         )

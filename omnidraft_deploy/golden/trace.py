@@ -47,9 +47,10 @@ from omnidraft_deploy.ngram.format import to_bytes as ngram_to_bytes
 from omnidraft_deploy.protocols import CausalLM, TokenizerLike
 from omnidraft_deploy.request.streaming import TextStreamer
 from omnidraft_deploy.speculative.cost import CostProfile
-from omnidraft_deploy.speculative.decoder import DecodeConfig, SpeculativeDecoder
-from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen, make_policy
+from omnidraft_deploy.speculative.decoder import DecodeConfig
+from omnidraft_deploy.speculative.draft_len import CostAwareDraftLen
 from omnidraft_deploy.speculative.drafter import Mode, Proposal
+from omnidraft_deploy.speculative.factory import build_decoder
 from omnidraft_deploy.speculative.hybrid import HybridProposer
 from omnidraft_deploy.speculative.lookup import LookupConfig, LookupProposer
 from omnidraft_deploy.vocab.mapper import VocabMapper
@@ -163,16 +164,6 @@ class TraceConfig:
             raise ValueError(f"a cost profile goes with the cost policy only, got {self.policy!r}")
 
 
-def _decoder(cfg: TraceConfig, target: CausalLM, drafter: CausalLM, mapper: VocabMapper,
-             cache: NGramCache, config: DecodeConfig) -> SpeculativeDecoder:  # fmt: skip
-    """The decoder of ``cfg``; a cost trace's is ``runtime.run.bundle_decoder``'s with a profile."""
-    policy = make_policy(cfg.policy, cfg.draft_len, cfg.profile)
-    if cfg.profile is None:
-        return SpeculativeDecoder(target, drafter, mapper, policy, cache, config=config)
-    return SpeculativeDecoder(target, drafter, mapper, policy, cache, config=config,
-                              lookup=LookupProposer(), profile=cfg.profile)  # fmt: skip
-
-
 def record_pair(
     cfg: TraceConfig,
     *,
@@ -187,15 +178,15 @@ def record_pair(
     calls: list[dict[str, Any]] = []
     cache = NGramCache(max_entries=cfg.cache_max_entries, policy=cfg.cache_policy)
     drafter_bos = mapper.drafter_bos  # the decoder takes it from the map (ODVM v2 role table)
-    decode_cfg = DecodeConfig(
-        mode=cfg.mode,
-        temperature=cfg.temperature,
-        max_new_tokens=cfg.max_new_tokens,
-        eos_ids=tuple(mapper.target_eos),
-        vocab_limit=mapper.target_vocab_size,
-    )
-    dec = _decoder(cfg, TraceLM(target, "target", cfg.topk, calls),
-                   TraceLM(drafter, "drafter", cfg.topk, calls), mapper, cache, decode_cfg)  # fmt: skip
+    # the runtime's factory, as ``runtime.run.bundle_decoder`` calls it: the pair's vocabulary
+    # limit and EOS ids come from the mapper; a cost profile brings lookup proposals beside
+    decode_cfg = DecodeConfig(mode=cfg.mode, temperature=cfg.temperature,
+                              max_new_tokens=cfg.max_new_tokens)  # fmt: skip
+    dec = build_decoder(TraceLM(target, "target", cfg.topk, calls),
+                        TraceLM(drafter, "drafter", cfg.topk, calls), mapper,
+                        policy=cfg.policy, draft_len=cfg.draft_len, config=decode_cfg,
+                        profile=cfg.profile, ngram_cache=cache,
+                        lookup=None if cfg.profile is None else LookupProposer())  # fmt: skip
     steps: list[dict[str, Any]] = []
     if isinstance(dec.drafter, HybridProposer):
         record_steps(dec.drafter, steps)

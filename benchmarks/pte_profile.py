@@ -9,7 +9,7 @@ delegate by kernel (count and milliseconds: ``aten::mean``, ``llama::update_cach
 delegate calls (count and milliseconds) and the call's wall time. The counts come from the
 serialized program (``lower.program_ops``) and do not depend on the machine, so a regression
 (a new portable op, a cache rewrite back in the loop) shows as a count; the milliseconds say
-what it costs. Writes ``reports/pte_profile/<name>.{json,md}``.
+what it costs. Writes ``<--out>/<name>.{json,md}`` (default ``reports/pte_profile``).
 """
 
 from __future__ import annotations
@@ -108,13 +108,14 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--name", default="")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     load0 = os.getloadavg()
     result = profile(a.pte, a.context, a.calls, a.threads)
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "result": result}
-    OUT.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
     name = a.name or f"{a.pte.parent.name}_{a.pte.stem}_ctx{a.context}"
-    print(write_report(OUT / name, payload, markdown=markdown).with_suffix(".md").read_text())
+    print(write_report(a.out / name, payload, markdown=markdown).with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

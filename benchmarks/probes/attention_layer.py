@@ -32,9 +32,10 @@ CONTEXTS = (64, 512, 4000)
 
 
 def layer_pte(kernel: str, recipe: str) -> Path:
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+
     from omnidraft_deploy.catalog.backends import get_recipe
     from omnidraft_deploy.catalog.presets import get_preset
-    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
     from omnidraft_deploy.reference.model import build_model
 
     path = WORK / f"layer-{kernel}-{recipe}.pte"

@@ -27,8 +27,6 @@ from omnidraft_deploy.testing import toy_models
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = CostProfile(target_ms=(10.0, 11.0, 12.0, 13.0), drafter_ms=(1.0, 1.1, 1.2, 1.3))
 FACTORY = "omnidraft_deploy/speculative/factory.py"
-# golden/ replays the runtime's decoder on its own (its owner keeps its traces byte-stable)
-NOT_YET = {"omnidraft_deploy/golden/trace.py"}
 
 
 def test_the_registry_names_the_policies_the_parser_offers() -> None:
@@ -94,7 +92,7 @@ def test_one_library_function_builds_a_decoder() -> None:
     builders = {path.relative_to(ROOT).as_posix()
                 for folder in ("omnidraft_deploy", "runtime", "exporters", "benchmarks")
                 for path in sorted((ROOT / folder).rglob("*.py")) if _builds_a_decoder(path)}  # fmt: skip
-    assert builders - NOT_YET == {FACTORY}
+    assert builders == {FACTORY}
     planted = ast.parse("def f(t, d, m, p):\n    return SpeculativeDecoder(t, d, m, p)\n")
     assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "SpeculativeDecoder"
                for n in ast.walk(planted))  # fmt: skip

@@ -108,6 +108,9 @@ public final class CrossVocabDrafter implements Proposer {
             }
             float[] probs = draftProbs(logits);
             start += feed.length;
+            if (temperature > 0 && !Sampling.hasMass(probs)) {
+                break; // exact: no mapped token kept any probability; the target samples this step itself
+            }
             int d = temperature <= 0 ? Sampling.argmax(probs) : Sampling.sample(probs, uniforms.next());
             out.add(d);
             q.add(probs[d]);

@@ -67,6 +67,15 @@ public final class Sampling {
         return kept;
     }
 
+    /** Whether sample can draw from probs: a finite, positive total (sampling.has_mass). */
+    public static boolean hasMass(float[] probs) {
+        double total = 0;
+        for (float p : probs) {
+            total += p;
+        }
+        return total > 0 && !Double.isInfinite(total);
+    }
+
     /** One id from probs (need not be normalised) by inverse CDF with one uniform draw u. */
     public static int sample(float[] probs, double u) {
         double[] cdf = new double[probs.length];

@@ -5,6 +5,7 @@ import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
+import java.io.File;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -98,6 +99,47 @@ public class ForwardTailTest {
         SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(false, 0.0, maxNew, map.targetEos(),
                 map.targetVocabSize);
         return new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Fixed(3), null, cfg, -1);
+    }
+
+    /**
+     * Issue 47 (drafter.py _pick): in exact mode a drafter row with no mass on the directly mapped
+     * ids drafts nothing that step; the target samples it (before, sample walked to index -1).
+     */
+    @Test
+    public void exactModeDraftsNothingFromARowWithoutMappedMass() throws IOException {
+        File golden = new File(System.getProperty("omnidraft.golden", "../../tests/golden/ngram_v1.bin"));
+        VocabMap map = VocabMap.readFile(new File(golden.getParentFile(), "mapper_v2.bin")); // drafter 1, 6 unmapped
+        CausalLm drafter = new CausalLm() { // all mass on drafter ids without a target twin
+            @Override
+            public float[][] forward(int[] ids, int startPos) {
+                float[][] rows = new float[ids.length][map.draftVocabSize];
+                for (float[] row : rows) {
+                    for (int d = 0; d < row.length; d++) {
+                        row[d] = map.draftToTarget(d) >= 0 ? -1e6f : 0f;
+                    }
+                }
+                return rows;
+            }
+
+            @Override
+            public int vocabSize() {
+                return map.draftVocabSize;
+            }
+
+            @Override
+            public int maxSeqLen() {
+                return 64;
+            }
+        };
+        RecordingLm target = new RecordingLm(map.targetVocabSize, 7);
+        SpeculativeDecoder.Config cfg = new SpeculativeDecoder.Config(true, 1.0, 6, new int[0], map.targetVocabSize);
+        SpeculativeDecoder dec = new SpeculativeDecoder(target, drafter, map, new DraftLenPolicy.Fixed(3), null, cfg,
+                -1);
+        Stats stats = new Stats();
+        int[] out = dec.generate(new int[] {3, 7, 1}, Uniforms.seeded(1), stats, null);
+        assertEquals(6, out.length);
+        assertEquals(0, stats.proposed); // one drafter call a step, no draft
+        assertEquals(stats.targetCalls, stats.drafterCalls);
     }
 
     @Test

@@ -35,14 +35,15 @@ def layer_pte(kernel: str, recipe: str) -> Path:
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte
 
     from omnidraft_deploy.catalog.backends import get_recipe
-    from omnidraft_deploy.catalog.presets import get_preset
-    from omnidraft_deploy.reference.model import build_model
+    from omnidraft_deploy.catalog.presets import Source, get_preset
+    from omnidraft_deploy.resolve.load import load_model
 
     path = WORK / f"layer-{kernel}-{recipe}.pte"
     if not path.exists():
-        spec = dataclasses.replace(get_preset("qwen2.5-1.5b"), n_layers=1, vocab_size=512)
+        spec = dataclasses.replace(get_preset("qwen2.5-1.5b"), n_layers=1, vocab_size=512,
+                                   source=Source.RANDOM)  # fmt: skip
         WORK.mkdir(parents=True, exist_ok=True)
-        export_pte(build_model(spec, max_seq_len=4096), path, recipe=get_recipe("xnnpack", recipe),
+        export_pte(load_model(spec, max_seq_len=4096), path, recipe=get_recipe("xnnpack", recipe),
                    eos_ids=(2,), attention=None if kernel == "none" else kernel)  # fmt: skip
     return path
 

@@ -228,14 +228,18 @@ def change_unlisted(root: Path, doc: dict, rng: random.Random) -> None:
     p.write_bytes(bytes(data))
 
 
-def unlist(root: Path, doc: dict, rng: random.Random) -> None:
-    rel = rng.choice(["vocab_map.bin", "ngram_cache.bin"])
+def _unlist_one(doc: dict, rel: str, rng: random.Random) -> None:
+    """``rel`` dropped from the manifest's files, or listed under another role (half each)."""
     if rel not in doc["files"]:
         raise FileNotFoundError(rel)
     if rng.random() < 0.5:
         del doc["files"][rel]
     else:
         doc["files"][rel]["role"] = "extra"
+
+
+def unlist(root: Path, doc: dict, rng: random.Random) -> None:
+    _unlist_one(doc, rng.choice(["vocab_map.bin", "ngram_cache.bin"]), rng)
 
 
 def traversal(root: Path, doc: dict, rng: random.Random) -> None:
@@ -377,12 +381,7 @@ def unlist_required(root: Path, doc: dict, rng: random.Random) -> None:
     """A file the opener needs dropped from the manifest or listed under another role."""
     rel = rng.choice(["expected.json", "target_tokenizer/tokenizer.json",
                       "drafter_tokenizer/tokenizer.json"])  # fmt: skip
-    if rel not in doc["files"]:
-        raise FileNotFoundError(rel)
-    if rng.random() < 0.5:
-        del doc["files"][rel]
-    else:
-        doc["files"][rel]["role"] = "extra"
+    _unlist_one(doc, rel, rng)
 
 
 Mutation = Callable[[Path, dict, random.Random], None]

@@ -78,9 +78,17 @@ def _seq_dim(a: ModelArgs) -> Any:
     return torch.export.Dim("T", min=1, max=a.max_seq_len)
 
 
-def dynamic_shapes_stateful(model: Transformer | ModelArgs) -> tuple[dict[int, Any], ...]:
-    """``torch.export`` dynamic_shapes for ``StatefulExportable``: T dynamic in [1, max_seq_len]."""
-    t = _seq_dim(_args(model))
+def dynamic_shapes_stateful(
+    model: Transformer | ModelArgs, *, bounded: bool = True
+) -> tuple[dict[int, Any], ...]:
+    """``torch.export`` dynamic_shapes for ``StatefulExportable``: T dynamic in [1, max_seq_len].
+
+    ``bounded=False``: ``Dim.DYNAMIC``, the range left to the model's own checks (the in-place
+    attention of ``exporters.xnnpack.llm_attention`` checks ``T <= S``). A bounded ``Dim`` fails
+    there: the (1, T) view of its grouped output yields a contiguity guard (``T * min(D, rep * D
+    * T) == D * T``) that holds for every T >= 1 but that torch.export cannot prove over a range.
+    """
+    t = _seq_dim(_args(model)) if bounded else torch.export.Dim.DYNAMIC
     return ({1: t}, {0: t})
 
 

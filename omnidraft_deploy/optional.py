@@ -24,10 +24,15 @@ def executorch_runtime() -> Any:
     0x14) unless something else imported them first."""
     runtime = require("executorch.runtime", extra="executorch", purpose="the xnnpack backend")
     require("executorch.kernels.quantized", extra="executorch", purpose="quantized .pte kernels")
-    # llama::update_cache / custom_sdpa: the in-place KV cache of ``exporters.xnnpack.llm_attention``
+    llm_kernels()
+    return runtime.Runtime
+
+
+def llm_kernels() -> None:
+    """Register ExecuTorch's ``llama::update_cache`` / ``llama::custom_sdpa`` (eager, export and
+    the runtime): the in-place KV cache of ``exporters.xnnpack.llm_attention``."""
     require("executorch.extension.llm.custom_ops.custom_ops", extra="executorch",
             purpose="the LLM attention kernels of .pte programs")  # fmt: skip
-    return runtime.Runtime
 
 
 def pte_program(path: str | Path) -> Any:

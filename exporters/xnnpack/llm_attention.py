@@ -30,7 +30,7 @@ arange(T)``), as every caller of the stateful contract guarantees.
 ``use_llm_attention(model)`` plugs one module into each layer's ``Attention.kv_attend`` of a
 ``reference.model.Transformer`` (or a quantised shell of one); eager calls run the same ops on
 CPU. The ``llama`` ops must be registered wherever such a program is exported or loaded
-(``load_llm_ops``; ``optional.executorch_runtime`` does it).
+(``optional.llm_kernels``; ``optional.executorch_runtime`` calls it).
 """
 
 from __future__ import annotations
@@ -40,17 +40,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from omnidraft_deploy.optional import require
+from omnidraft_deploy.optional import llm_kernels
 from omnidraft_deploy.reference.model import ModelArgs
 
-LLM_OPS = "executorch.extension.llm.custom_ops.custom_ops"  # registers llama::* (AOT + runtime)
 KERNELS = ("span", "custom_sdpa")
 MASKED = -1e30  # added to a masked score: exp underflows to exactly 0, no inf arithmetic
-
-
-def load_llm_ops() -> None:
-    """Register ``llama::update_cache`` / ``llama::custom_sdpa`` (eager, export and runtime)."""
-    require(LLM_OPS, extra="executorch", purpose="ExecuTorch's LLM attention kernels")
 
 
 class InPlaceKVAttention(nn.Module):
@@ -104,15 +98,6 @@ class InPlaceKVAttention(nn.Module):
         return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
 
 
-def dynamic_shapes() -> tuple[dict[int, Any], ...]:
-    """``torch.export`` dynamic_shapes of ``StatefulExportable`` on this attention: T unbounded
-    as given, bounded by the attention's own checks (``T <= S``). A bounded ``Dim`` fails here:
-    the (1, T) view of the grouped output yields a contiguity guard (``T * min(D, rep * D * T)
-    == D * T``) that holds for every T >= 1 but that torch.export cannot prove over a range."""
-    t = torch.export.Dim.DYNAMIC
-    return ({1: t}, {0: t})
-
-
 def kernel_for_role(role: str) -> str:
     """``"span"`` for a target (its rows must not depend on the call's width), ``"custom_sdpa"``
     for a drafter (proposals only; it reads the slots it uses, not all ``S``)."""
@@ -123,7 +108,7 @@ def use_llm_attention(model: nn.Module, kernel: str = "span") -> nn.Module:
     """``model`` (a ``Transformer`` or a quantised shell of one) with every layer's attention on
     ``InPlaceKVAttention``; its own ``(1, KV, S, D)`` buffers, unread on this path, are emptied
     so the program does not carry them. Returns ``model`` (modified in place)."""
-    load_llm_ops()
+    llm_kernels()
     a: ModelArgs = model.args  # type: ignore[assignment]
     layers: Any = model.model.layers  # type: ignore[union-attr]
     for layer in layers:

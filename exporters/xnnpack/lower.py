@@ -292,11 +292,7 @@ def export_pte(
             facts["act_groups"] = group_activations(quantized, dict(recipe.act_groups))
     _settled(stages, "quantize")
     ids, pos = example_inputs(model.args, seq_len or 2)
-    dyn = None if seq_len else dynamic_shapes_stateful(model.args)
-    if attention is not None and dyn is not None:
-        from omnidraft_deploy.exporters.xnnpack.llm_attention import dynamic_shapes
-
-        dyn = dynamic_shapes()
+    dyn = None if seq_len else dynamic_shapes_stateful(model.args, bounded=attention is None)
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
     del quantized  # the exported program holds what it needs

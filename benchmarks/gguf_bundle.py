@@ -177,7 +177,7 @@ def speed(bundle: Path, threads: int, tokens: int = 64) -> dict[str, Any]:
 PREFILL_T = (16, 64, 128)
 
 
-def _prompt(t: int) -> list[int]:
+def ordinary_ids(t: int) -> list[int]:
     return [100 + (i * 37) % 5000 for i in range(t)]  # ordinary ids of both vocabularies
 
 
@@ -193,8 +193,8 @@ def _median_s(call: Any, reps: int = 3) -> float:
 @torch.inference_mode()
 def prefill(bundle: Path, threads: int) -> dict[str, Any]:
     target = ort_model(bundle, threads)
-    target.forward(torch.tensor(_prompt(128)), 0)  # warm-up: the widest shape first
-    ms = {t: 1e3 * _median_s(lambda t=t: target.forward(torch.tensor(_prompt(t)), 0))
+    target.forward(torch.tensor(ordinary_ids(128)), 0)  # warm-up: the widest shape first
+    ms = {t: 1e3 * _median_s(lambda t=t: target.forward(torch.tensor(ordinary_ids(t)), 0))
           for t in PREFILL_T}  # fmt: skip
     return {"bundle": str(bundle), "ms_per_token": {t: v / t for t, v in ms.items()}}
 
@@ -204,7 +204,7 @@ def llamacpp_prefill(gguf: Path, threads: int) -> dict[str, Any]:
 
     def call(t: int) -> None:
         llm.reset()
-        llm.eval(_prompt(t))
+        llm.eval(ordinary_ids(t))
 
     call(128)
     ms = {t: 1e3 * _median_s(lambda t=t: call(t)) for t in PREFILL_T}

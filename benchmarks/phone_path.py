@@ -27,14 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.peers import llama
 from benchmarks.common.report import meta_lines, pyplot, run_meta, save_figure, write_report
+from benchmarks.gguf_bundle import ordinary_ids
 
 OUT = Path("reports/phone_path")
 Step = Callable[[list[int], int], np.ndarray]  # (ids, start) -> logits of the last row (V,)
-
-
-def _prompt(n: int) -> list[int]:
-    return [100 + (i * 37) % 5000 for i in range(n)]  # ordinary ids of every vocabulary here
 
 
 def bundle_step(bundle: Path, threads: int) -> tuple[Step, int]:
@@ -52,10 +50,7 @@ def bundle_step(bundle: Path, threads: int) -> tuple[Step, int]:
 
 
 def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
-    from llama_cpp import Llama
-
-    llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)  # fmt: skip
+    llm = llama(gguf, threads, n_ctx=n_ctx)
 
     def step(ids: list[int], start: int) -> np.ndarray:
         llm.n_tokens = start  # the KV cache cut back to ``start`` (a rollback, as ours)
@@ -68,7 +63,7 @@ def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
 def measure(step: Step, context: int, tokens: int) -> dict[str, float]:
     """Prefill ``context`` tokens, then ``tokens`` greedy 1-token calls."""
     t0 = time.perf_counter()
-    row = step(_prompt(context), 0)
+    row = step(ordinary_ids(context), 0)
     prefill_s = time.perf_counter() - t0
     calls, pos, nxt = [], context, int(row.argmax())
     for _ in range(tokens):

@@ -55,9 +55,10 @@ def trace_calls(pte: Path, context: int, calls: int, threads: int) -> tuple[Any,
     return frame, walls
 
 
-def per_call(frame: Any, n_runs: int) -> dict[str, dict[str, float]]:
-    """Kernel -> {count, ms} per call, averaged over the ``n_runs`` forward runs traced (the
-    prefill's run included: its share is one run in ``n_runs``). Portable kernels appear as
+def per_call(frame: Any) -> dict[str, dict[str, float]]:
+    """Kernel -> {count, ms} of one decode call. Each traced row is one instruction, its ``raw``
+    the instruction's durations over the runs in order: the prefill first (left out: it is not
+    a decode call), then the decode calls, whose mean it adds. Portable kernels appear as
     ``native_call_<kernel>``, XNNPACK's subgraphs as ``DELEGATE_CALL``."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0.0, "ms": 0.0})
     for _, row in frame.iterrows():
@@ -66,17 +67,25 @@ def per_call(frame: Any, n_runs: int) -> dict[str, dict[str, float]]:
         name = str(row["event_name"])
         if name == "OPERATOR_CALL":
             continue  # the dispatch wrapper around each native_call_* (counted there)
+        decode = list(row["raw"])[1:] or list(row["raw"])
         key = name.removeprefix("native_call_")
-        out[key]["count"] += 1 / n_runs
-        out[key]["ms"] += sum(row["raw"]) / max(1, len(row["raw"])) / n_runs
+        out[key]["count"] += 1
+        out[key]["ms"] += statistics.fmean(decode)
     return dict(out)
+
+
+def kernel_ms(kernels: dict[str, dict[str, float]], op: str) -> float | None:
+    """The traced ms of a program op (``aten::mean.out`` is traced as ``mean.out``,
+    ``llama::update_cache.out`` under its full name); None if it was not traced."""
+    hit = kernels.get(op) or kernels.get(op.split("::", 1)[-1])
+    return None if hit is None else hit["ms"]
 
 
 def profile(pte: Path, context: int, calls: int, threads: int) -> dict[str, Any]:
     from omnidraft_deploy.exporters.xnnpack.lower import program_ops
 
     frame, walls = trace_calls(pte, context, calls, threads)
-    kernels = per_call(frame, 1)
+    kernels = per_call(frame)
     return {"pte": str(pte), "context": context, "calls": calls,
             "wall_ms_median": 1e3 * statistics.median(walls),
             "program_ops": program_ops(pte.read_bytes()),
@@ -91,11 +100,11 @@ def markdown(data: dict[str, Any]) -> str:
              f"Wall time of a 1-token call (median of {r['calls']}): {r['wall_ms_median']:.2f} ms. "
              f"Delegate calls per call: {r['program_ops'].get('DelegateCall', 0)}; portable "
              f"instructions per call: {sum(portable.values())}.", "",
-             "| kernel (portable) | per call | ms (mean event) |", "|---|---|---|"]  # fmt: skip
+             "| kernel (portable) | per call | ms per call |", "|---|---|---|"]  # fmt: skip
     for name, count in portable.items():
-        ms = r["kernels"].get(name.split("::")[-1].rsplit(".", 1)[0] + ".out", {}).get("ms")
+        ms = kernel_ms(r["kernels"], name)
         lines.append(f"| `{name}` | {count} | {'-' if ms is None else f'{ms:.3f}'} |")
-    lines += ["", "Traced events (mean ms of one event, all runs):", "",
+    lines += ["", "Traced events per decode call (ms, mean over the calls):", "",
               "| event | ms |", "|---|---|"]  # fmt: skip
     lines += [f"| `{k}` | {v['ms']:.3f} |" for k, v in list(r["kernels"].items())[:20]]
     return "\n".join(lines) + "\n"

@@ -191,13 +191,13 @@ def genai_method(threads: int, max_new: int, folder: Path) -> Any:
     return run
 
 
-def llama(gguf: Path, threads: int, *, logits_all: bool = False) -> Any:
+def llama(gguf: Path, threads: int, *, logits_all: bool = False, n_ctx: int = 1024) -> Any:
     """llama.cpp on ``gguf`` as every benchmark here runs it: ``threads`` for decode and batches,
-    a 1024-token context, prompts in one batch of up to 512; ``logits_all`` keeps every row's
+    an ``n_ctx``-token context, prompts in batches of up to 512; ``logits_all`` keeps every row's
     logits in ``scores`` (accuracy checks), not the last one alone."""
     from llama_cpp import Llama
 
-    return Llama(model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+    return Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                  n_batch=512, logits_all=logits_all, verbose=False)  # fmt: skip
 
 

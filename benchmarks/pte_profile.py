@@ -6,7 +6,8 @@ The program is loaded with ExecuTorch's event tracer on (``enable_etdump``), pre
 ``--context`` ordinary ids, then stepped ``--calls`` times with 1-token calls; the trace is read
 back with ``executorch.devtools.Inspector``. Per call it reports: the instructions outside the
 delegate by kernel (count and milliseconds: ``aten::mean``, ``llama::update_cache``, ...), the
-delegate calls (count and milliseconds) and the call's wall time. The counts come from the
+delegate calls (count and milliseconds), the time inside the delegate by XNNPACK operator, and
+the call's wall time. The counts come from the
 serialized program (``lower.program_ops``) and do not depend on the machine, so a regression
 (a new portable op, a cache rewrite back in the loop) shows as a count; the milliseconds say
 what it costs. Writes ``<--out>/<name>.{json,md}`` (default ``reports/pte_profile``).
@@ -74,6 +75,17 @@ def per_call(frame: Any) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
+def delegate_ops(frame: Any) -> dict[str, float]:
+    """XNNPACK operator kind (``Fully Connected (NC, QD8, F32, QB4W) GEMM``, ...) -> ms of one
+    decode call, summed over its instances (the prefill run left out, as in ``per_call``)."""
+    out: dict[str, float] = defaultdict(float)
+    for _, row in frame.iterrows():
+        if row["event_block_name"] == "Execute" and row["is_delegated_op"]:
+            decode = list(row["raw"])[1:] or list(row["raw"])
+            out[str(row["event_name"]).split(" #")[0]] += statistics.fmean(decode)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def kernel_ms(kernels: dict[str, dict[str, float]], op: str) -> float | None:
     """The traced ms of a program op (``aten::mean.out`` is traced as ``mean.out``,
     ``llama::update_cache.out`` under its full name); None if it was not traced."""
@@ -88,7 +100,7 @@ def profile(pte: Path, context: int, calls: int, threads: int) -> dict[str, Any]
     kernels = per_call(frame)
     return {"pte": str(pte), "context": context, "calls": calls,
             "wall_ms_median": 1e3 * statistics.median(walls),
-            "program_ops": program_ops(pte.read_bytes()),
+            "program_ops": program_ops(pte.read_bytes()), "delegate_ops": delegate_ops(frame),
             "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["ms"]))}  # fmt: skip
 
 
@@ -107,6 +119,9 @@ def markdown(data: dict[str, Any]) -> str:
     lines += ["", "Traced events per decode call (ms, mean over the calls):", "",
               "| event | ms |", "|---|---|"]  # fmt: skip
     lines += [f"| `{k}` | {v['ms']:.3f} |" for k, v in list(r["kernels"].items())[:20]]
+    lines += ["", "Inside the delegate, per decode call (ms, by XNNPACK operator):", "",
+              "| XNNPACK operator | ms |", "|---|---|"]  # fmt: skip
+    lines += [f"| {k} | {v:.3f} |" for k, v in list(r.get("delegate_ops", {}).items())[:12]]
     return "\n".join(lines) + "\n"
 
 

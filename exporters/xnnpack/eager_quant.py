@@ -156,7 +156,7 @@ class Int4GroupLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # the group sums as a (block -> 1) matmul by ones, which XNNPACK takes (a ``sum`` runs
-        # in the portable kernels: 196 of them a call on Qwen2.5-1.5B); one product per group
+        # in the portable kernels: 196 a call on Qwen2.5-1.5B, issue 44); one product per group
         # in a fixed order, so a row's sums do not depend on the other rows of the call
         ones: Tensor = self.ones  # type: ignore[assignment]
         sums = nn.functional.linear(x.reshape(-1, self.block), ones).reshape(*x.shape[:-1], -1)

@@ -3,7 +3,7 @@
 The plain stateful graph (``reference.model``'s ``index_copy_`` into ``(1, KV, S, D)`` buffers and
 a broadcast GQA matmul) lowers to portable kernels that rewrite every cache functionally
 (``index_put``) and widen the KV heads to the query heads over all ``S`` slots (``expand_copy``)
-in every call: on Qwen2.5-Coder-1.5B ~1.3 GiB written a call, 3.4 tok/s. ExecuTorch's LLM recipe
+in every call (issue 44: ~1.3 GiB written a call on Qwen2.5-Coder-1.5B). ExecuTorch's LLM recipe
 (``examples/models/llama``: ``CustomKVCache``) holds each cache as a mutable program buffer and
 writes only the T new rows with ``llama::update_cache`` (``extension/llm/custom_ops``, in the
 pinned wheel). Two attention kernels (``kernel``), each with the cache layout it reads:

@@ -167,8 +167,7 @@ def _constant_data_check() -> Any:
     """``config_partitioner.is_constant_data`` answered from one set of names per graph
     signature: ExecuTorch 1.5.1 asks torch's ``is_param`` / ``is_buffer`` /
     ``is_lifted_tensor_constant`` for each node of each candidate partition, and each of those
-    rebuilds a dict over every program input (quadratic: SmolLM2-135M's gguf4 graph spent over
-    20 minutes there). The same answer: a node is constant data when its name is the input name
+    rebuilds a dict over every program input (quadratic in the program's inputs). The same answer: a node is constant data when its name is the input name
     of a parameter, a buffer or a lifted constant of the signature."""
     seen: dict[int, tuple[Any, int, frozenset[str]]] = {}
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from omnidraft_deploy.golden.trace import TraceConfig, record_pair
+from omnidraft_deploy.golden.trace import TraceConfig, record_pair, scalar_rand
 from omnidraft_deploy.protocols import TokenizerLike
 from omnidraft_deploy.speculative.cost import CostProfile
 from omnidraft_deploy.speculative.drafter import Mode
@@ -59,22 +58,10 @@ class Replay:
                 out[r, torch.from_numpy(idx)] = torch.from_numpy(val.copy())
         return out
 
-    @contextlib.contextmanager
-    def uniforms(self) -> Iterator[None]:
+    def uniforms(self) -> contextlib.AbstractContextManager[None]:
         """Scalar ``torch.rand`` draws inside the block return the recorded values, in order."""
-        real, draws = torch.rand, iter(self.draws)
-
-        def recorded(*args: Any, **kwargs: Any) -> Tensor:
-            x = real(*args, **kwargs)
-            if x.numel() == 1:
-                x.fill_(next(draws))
-            return x
-
-        torch.rand = recorded  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            torch.rand = real  # type: ignore[assignment]
+        draws = iter(self.draws)
+        return scalar_rand(lambda x: x.fill_(next(draws)))
 
 
 class ReplayLM:

@@ -34,7 +34,7 @@ import contextlib
 import dataclasses
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,21 +94,27 @@ class TraceLM:
 
 
 @contextlib.contextmanager
-def record_uniforms(draws: list[float]) -> Iterator[None]:
-    """Append the value of every scalar ``torch.rand`` call made inside the block to ``draws``."""
+def scalar_rand(on_draw: Callable[[Tensor], object]) -> Iterator[None]:
+    """Inside the block every scalar ``torch.rand`` result passes through ``on_draw`` before it is
+    returned (which may read it or overwrite it in place); other draws are left alone."""
     real = torch.rand
 
-    def observed(*args: Any, **kwargs: Any) -> Tensor:
+    def hooked(*args: Any, **kwargs: Any) -> Tensor:
         x = real(*args, **kwargs)
         if x.numel() == 1:
-            draws.append(float(x))
+            on_draw(x)
         return x
 
-    torch.rand = observed  # type: ignore[assignment]
+    torch.rand = hooked  # type: ignore[assignment]
     try:
         yield
     finally:
         torch.rand = real  # type: ignore[assignment]
+
+
+def record_uniforms(draws: list[float]) -> contextlib.AbstractContextManager[None]:
+    """Append the value of every scalar ``torch.rand`` call made inside the block to ``draws``."""
+    return scalar_rand(lambda x: draws.append(float(x)))
 
 
 def record_steps(hybrid: HybridProposer, steps: list[dict[str, Any]]) -> None:

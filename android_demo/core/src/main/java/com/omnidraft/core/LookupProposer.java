@@ -1,6 +1,5 @@
 package com.omnidraft.core;
 
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
 
@@ -32,7 +31,7 @@ public final class LookupProposer {
     private final int maxTokens;
     private final boolean keepHistory;
     private IntList buf = new IntList();
-    private final Map<Gram, Integer> index = new HashMap<>();
+    private final Map<NGramCache.Key, Integer> index = new HashMap<>();
 
     /** lookup.LookupConfig's defaults: unigram to 4-gram matches, 8192 ids, history kept. */
     public LookupProposer() {
@@ -79,7 +78,7 @@ public final class LookupProposer {
     /** Index the n-grams ending just before position p (their follower is buf[p]). */
     private void indexEnd(int p) {
         for (int n = minNgram; n <= Math.min(maxNgram, p); n++) {
-            index.put(new Gram(buf.slice(p - n, p)), p);
+            index.put(new NGramCache.Key(buf.slice(p - n, p)), p);
         }
     }
 
@@ -98,32 +97,11 @@ public final class LookupProposer {
         }
         int len = buf.size();
         for (int n = Math.min(maxNgram, len); n >= minNgram; n--) {
-            Integer pos = index.get(new Gram(buf.slice(len - n, len)));
+            Integer pos = index.get(new NGramCache.Key(buf.slice(len - n, len)));
             if (pos != null && pos < len) {
                 return new Candidate(buf.slice(pos, Math.min(len, pos + k)), n);
             }
         }
         return NONE;
-    }
-
-    /** An n-gram as a map key (Python's tuple). */
-    private static final class Gram {
-        private final int[] ids;
-        private final int hash;
-
-        Gram(int[] ids) {
-            this.ids = ids;
-            this.hash = Arrays.hashCode(ids);
-        }
-
-        @Override
-        public boolean equals(Object o) {
-            return o instanceof Gram && Arrays.equals(ids, ((Gram) o).ids);
-        }
-
-        @Override
-        public int hashCode() {
-            return hash;
-        }
     }
 }

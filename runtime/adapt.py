@@ -20,10 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnidraft_deploy.runtime.adapted import adapted_weights, check_swappable, resume
-from omnidraft_deploy.runtime.bundle import open_bundle
+from omnidraft_deploy.runtime.adapted import (
+    adapted_weights,
+    check_swappable,
+    distilled_weights,
+    resume,
+)
+from omnidraft_deploy.runtime.bundle import OpenBundle, open_bundle
 
-from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER
+from omnidraft_deploy.bundle.drafter_weights import ADAPTED_DRAFTER, DISTILLED_DRAFTER
 from omnidraft_deploy.catalog.presets import PRESETS, get_preset
 from omnidraft_deploy.distill.adapt import AdaptConfig, AdaptReport, adapt_stream, make_distiller
 from omnidraft_deploy.reference.model import Transformer
@@ -38,6 +43,37 @@ class BundleAdaptation:
     drafter: Transformer  # the adapted eager drafter
     report: AdaptReport  # acceptance per prompt while adapting (all rounds, in order)
     rounds: int
+
+
+def starting_drafter(bundle: OpenBundle, state: Path | None) -> Transformer:
+    """The eager drafter ``adapt`` and ``distill`` train: the bundle's drafter preset's weights,
+    then, from the state folder ``state``, a multi-target bundle's target's adapted weights
+    (``runtime.adapted``) or a single-target bundle's distilled ones (``runtime.adapted.save_distilled``), when
+    they were published for this very drafter graph. A multi-target bundle's drafter graph must
+    take swapped weights (``check_swappable``): checked here, before any training."""
+    if bundle.manifest.targets:
+        check_swappable(bundle.manifest, bundle.root)
+    info = bundle.manifest.graphs["drafter"]
+    seed = bundle.manifest.extras.get("seed")
+    if info.preset not in PRESETS:
+        raise ValueError(
+            f"{bundle.root}: the drafter {info.preset!r} was exported from its own weights, "
+            "which the bundle does not carry; adapt and distill start from a drafter preset's "
+            "weights (export with --drafter PRESET)"
+        )
+    drafter = load_model(
+        get_preset(info.preset),
+        seed=(seed if type(seed) is int else 0) + 1,  # export seeds the drafter with seed + 1
+        max_seq_len=info.max_seq_len,
+    )
+    if state is None:
+        return drafter
+    found = adapted_weights(bundle.root, bundle.manifest, state), ADAPTED_DRAFTER
+    if found[0] is None:
+        found = distilled_weights(bundle.manifest, state), DISTILLED_DRAFTER
+    if found[0] is not None:
+        resume(drafter, found[0], state / found[1])
+    return drafter
 
 
 def adapt_bundle(
@@ -62,24 +98,7 @@ def adapt_bundle(
     if rounds < 1 or not prompts:
         raise ValueError(f"need rounds >= 1 and at least one prompt, got {rounds}, {len(prompts)}")
     bundle = open_bundle(bundle_dir, provider=provider, target=target)
-    if bundle.manifest.targets:
-        check_swappable(bundle.manifest, bundle.root)
-    info = bundle.manifest.graphs["drafter"]
-    seed = bundle.manifest.extras.get("seed")
-    if info.preset not in PRESETS:
-        raise ValueError(
-            f"{bundle_dir}: the drafter {info.preset!r} was exported from its own weights, which "
-            "the bundle does not carry; adapt starts from a drafter preset's weights (export "
-            "with --drafter PRESET)"
-        )
-    drafter = load_model(
-        get_preset(info.preset),
-        seed=(seed if type(seed) is int else 0) + 1,  # export seeds the drafter with seed + 1
-        max_seq_len=info.max_seq_len,
-    )
-    weights = adapted_weights(bundle.root, bundle.manifest, state)
-    if weights is not None and state is not None:
-        resume(drafter, weights, state / ADAPTED_DRAFTER)
+    drafter = starting_drafter(bundle, state)
     distiller = make_distiller(drafter, bundle.mapper, cfg)
     decoder = build_decoder(
         bundle.target, EagerLM(drafter), bundle.mapper, policy="heuristic",

@@ -8,7 +8,10 @@ bundle is never written. ``open_bundle(..., target=NAME, state=<NAME's state fol
 them (``adapted_weights``) and decodes with the shared graph with them swapped in
 (``adapted_drafter``: ``swap_initializers``, a protobuf edit, and an ONNX Runtime CPU session from
 the edited bytes); the other targets read their own folders, so each keeps the shipped drafter or
-its own adaptation. Single-target bundles publish into the bundle instead (``exporters.publish``).
+its own adaptation. Single-target bundles publish into the bundle instead (``exporters.publish``);
+``omnidraft distill`` then keeps the eager weights it published in the new bundle's state folder
+(``save_distilled``, bound to the published drafter graph's sha256), so the next run starts from
+the drafter the bundle holds (``distilled_weights``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from omnidraft_deploy.runtime.onnxruntime_model import RUNTIME_SPIN, OrtModel
 
 from omnidraft_deploy.bundle.drafter_weights import (
     ADAPTED_DRAFTER,
+    DISTILLED_DRAFTER,
     DrafterWeights,
     check_names,
     read_drafter_weights,
@@ -133,3 +137,27 @@ def resume(drafter: Transformer, weights: DrafterWeights, source: Path) -> Trans
                                   "parameter of the bundle's drafter preset")  # fmt: skip
             named[name].copy_(t)
     return drafter
+
+
+def distilled_weights(manifest: Manifest, state: Path) -> DrafterWeights | None:
+    """A single-target bundle's last distilled drafter (``save_distilled``), or None: none kept,
+    a multi-target bundle, or weights published for another drafter graph (a re-export)."""
+    path = state / DISTILLED_DRAFTER
+    if manifest.targets or not path.exists():
+        return None
+    sha = manifest.files[manifest.graphs["drafter"].file].sha256
+    try:
+        return read_drafter_weights(path, target=selected(manifest), drafter_sha256=sha)
+    except BundleError as e:
+        if "another drafter graph" not in str(e):
+            raise
+        return None
+
+
+def save_distilled(manifest: Manifest, state: Path, drafter: Transformer) -> Path:
+    """Keep ``drafter``'s parameters for a single-target bundle whose drafter graph (``manifest``,
+    after the publish) was exported from them."""
+    params = {n: p.detach().float() for n, p in drafter.named_parameters()}
+    sha = manifest.files[manifest.graphs["drafter"].file].sha256
+    return write_drafter_weights(state / DISTILLED_DRAFTER, params, params={n: n for n in params},
+                                 target=selected(manifest), drafter_sha256=sha)  # fmt: skip

@@ -41,6 +41,9 @@ from omnidraft_deploy.bundle.manifest import BundleError
 from omnidraft_deploy.optional import require
 
 ADAPTED_DRAFTER = "drafter.adapted.safetensors"
+# a single-target bundle's drafter as ``omnidraft distill`` last published it (eager parameter
+# names, bound to the published drafter graph's sha256): where the next distill starts from
+DISTILLED_DRAFTER = "drafter.distilled.safetensors"
 FORMAT = "drafter_weights"
 FORMAT_VERSION = "1"
 MAX_BYTES = 8 << 30  # a 2B-parameter fp32 drafter

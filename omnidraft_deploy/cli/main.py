@@ -21,6 +21,7 @@ from typing import Any
 from omnidraft_deploy.catalog.backends import get_backend
 from omnidraft_deploy.catalog.presets import DEFAULT_TARGET
 from omnidraft_deploy.cli.console import library_stdout, run_verb
+from omnidraft_deploy.cli.distill import cmd_distill
 from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
 from omnidraft_deploy.cli.parser import (
     VERIFY_HASHES_ENV,
@@ -291,14 +292,13 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from omnidraft_deploy.bundle.folder import read_manifest
     from omnidraft_deploy.bundle.targets import select
+    from omnidraft_deploy.cli.distill import publish_for
     from omnidraft_deploy.distill.adapt import AdaptConfig
-    from omnidraft_deploy.exporters.publish import publish_drafter
     from omnidraft_deploy.runtime.adapt import adapt_bundle
-    from omnidraft_deploy.runtime.adapted import publish_target_weights
 
     root = Path(args.bundle)
     view = select(read_manifest(root), args.target, source=root / "manifest.json")
-    state = _state(args.bundle, args.state, args.target) if view.targets else None
+    state = _state(args.bundle, args.state, args.target)
     shipped = [ids for _, ids in _bundle_prompts(args.bundle, args.target)]
     capacity = view.graphs["target"].max_seq_len  # a prompt needs room for one new token
     prompts = [ids for ids in shipped if len(ids) < capacity]
@@ -312,10 +312,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     written: list[Path] = []
 
     def publish(drafter: Any) -> None:  # multi-target: the target's state folder, not the bundle
-        if state is not None:
-            written.append(publish_target_weights(root, view, state, drafter))
-        else:
-            written.append(publish_drafter(root, drafter))
+        written.append(publish_for(root, view, state, drafter))
 
     result = adapt_bundle(
         args.bundle, prompts, cfg, rounds=args.rounds, max_new_tokens=args.max_new_tokens,
@@ -347,7 +344,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Handler] = {
     "presets": cmd_presets, "assets": cmd_assets, "generate": cmd_generate, "bench": cmd_bench,
     "export": _cmd_export, "validate": _cmd_validate, "run": _cmd_run, "profile": _cmd_profile,
-    "adapt": _cmd_adapt, "serve": _cmd_serve,
+    "adapt": _cmd_adapt, "serve": _cmd_serve, "distill": cmd_distill,
 }  # fmt: skip
 
 

@@ -244,6 +244,46 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
     p.add_argument("--state", type=folder_path, help=STATE_HELP)
 
 
+DISTILL_HELP = "teach the drafter the bundle's target: its replies to your requests, then train"
+DISTILL_EPILOG = """The target answers each request greedily through the bundle (speculative decoding:
+its own output); each reply is appended to distill.replies.jsonl in the target's state folder as it
+finishes, so a stopped run resumes. 10% of the replies are held out; the new drafter is published
+(as `omnidraft adapt` publishes) only when its held-out agreement with the target rises.
+--prompts: a text file (one request a line), a .jsonl file ({"text": ...} a line) or a folder (one
+request a file); default: the shipped request sets (math, code, chat, summaries, code edits)."""
+
+
+def _add_distill(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None:
+    p = _verb(sub, "distill", DISTILL_HELP, handlers, common)
+    p.epilog = DISTILL_EPILOG
+    p.add_argument("bundle")
+    p.add_argument("--target", help=TARGET_HELP)
+    p.add_argument("--state", type=folder_path, help=STATE_HELP)
+    p.add_argument("--prompts", metavar="PATH", help="your requests: file or folder (below)")
+    p.add_argument("--replies", type=int_in(2, 1 << 20), default=200,
+                   help="replies to collect in all (earlier runs' count)")  # fmt: skip
+    p.add_argument("--minutes", type=finite_float(0.1, 1e5), help="wall budget of the run: "
+                   "70%% teaching, the rest training")  # fmt: skip
+    p.add_argument("--max-new-tokens", type=int_in(1, 4096), default=96, help="tokens a reply")
+    p.add_argument("--no-chat", action="store_true", help="send requests without the chat template")
+    p.add_argument("--threads", type=int_in(1, 256), default=os.cpu_count() or 1,
+                   help="torch and ONNX Runtime threads")  # fmt: skip
+    p.add_argument("--epochs", type=finite_float(0.01, 1000), default=2.0)
+    p.add_argument("--lr", type=finite_float(1e-9, 1.0), default=5e-5)
+    p.add_argument("--lam", type=finite_float(0.0, 100.0), default=1.0,
+                   help="weight of L_Ngram in L_DM + lam * L_Ngram")  # fmt: skip
+    p.add_argument("--seqkd", type=finite_float(0.0, 100.0), default=0.0,
+                   help="weight of the hard-label term (sequence-level KD) added to the loss")  # fmt: skip
+    p.add_argument("--batch-size", type=int_in(1, 256), default=4, help="replies a step")
+    p.add_argument("--seq-len", type=int_in(8, 1 << 16), default=256,
+                   help="drafter ids a training row (the prompt is cut from the left)")  # fmt: skip
+    p.add_argument("--train-layers", type=int_in(0, 1024), default=0,
+                   help="train only the last N blocks and the final norm (0: every parameter)")  # fmt: skip
+    p.add_argument("--seed", type=int_in(0, 1 << 31), default=0, help="shipped request sets")
+    p.add_argument("--teach-only", action="store_true", help="collect replies, do not train")
+    p.add_argument("--dry-run", action="store_true", help="train and measure, do not publish")
+
+
 def _verb(sub: Any, name: str, help: str, handlers: Mapping[str, Handler], common: Any) -> Any:
     p = sub.add_parser(name, help=help, description=help, parents=[common], formatter_class=_Help)
     p.set_defaults(handler=handlers[name])
@@ -280,6 +320,7 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
                        epilog=EXPORT_EXAMPLES + quantization_help(), formatter_class=_Help)  # fmt: skip
     add_export_flags(p, handlers["export"])
     _add_bundle_verbs(sub, handlers, common)
+    _add_distill(sub, handlers, common)
     return parser
 
 

@@ -8,6 +8,11 @@ trains the learner's private copy and copies the weights into the decoder's eage
 prompt, e.g. to swap the weights into an exported graph and save the bundle atomically
 (``exporters.bundle``); it is a callback because the core never imports exporters.
 
+``train_offline`` is the same learner on replies collected beforehand (``omnidraft distill``:
+the target's replies to a request set, ``distill.reply_rows``): every observation goes into the
+buffer, then ``update()`` runs until the epochs are done or the deadline passes. One learner, one
+loss (``L_DM + lam * L_Ngram``, plus ``seqkd`` times the hard-label term) for both verbs.
+
 ``make_distiller`` builds the learner from an ``AdaptConfig`` (frozen, every field a CLI flag or
 a benchmark setting); ``AdaptConfig.optimizer`` is ``adamw`` for the PyTorch step, ``sgd`` where
 the same update must match an exported train step.
@@ -16,12 +21,18 @@ the same update must match an exported train step.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from omnidraft_deploy.distill.align import MapperLike
-from omnidraft_deploy.distill.online import BufferPolicy, OnlineDistiller, ReplayBuffer
+from omnidraft_deploy.distill.online import (
+    BufferPolicy,
+    Observation,
+    OnlineDistiller,
+    ReplayBuffer,
+)
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.speculative.decoder import SpeculativeDecoder
 
@@ -39,12 +50,16 @@ class AdaptConfig:
     buffer_size: int = 256
     buffer_policy: BufferPolicy = BufferPolicy.FIFO
     guard: bool = True  # keep an update only if it lowers the loss on traffic it has not seen
+    seqkd: float = 0.0  # weight of the hard-label (sequence-level KD) term on top of the hybrid
+    train_layers: int = 0  # > 0: only the last blocks and the final norm train
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer {self.optimizer!r} not one of adamw, sgd")
         if self.lr <= 0 or self.lam < 0 or self.batch_size < 1 or self.steps_per_update < 1:
             raise ValueError(f"bad adaptation settings: {self}")
+        if self.seqkd < 0 or self.train_layers < 0:
+            raise ValueError(f"seqkd {self.seqkd} / train_layers {self.train_layers} below 0")
         if self.seq_len < 2 or self.buffer_size < 1:
             raise ValueError(f"seq_len {self.seq_len} / buffer_size {self.buffer_size} too small")
 
@@ -66,7 +81,8 @@ def make_distiller(drafter: Transformer, mapper: MapperLike, cfg: AdaptConfig) -
     buffer = ReplayBuffer(cfg.buffer_size, policy=cfg.buffer_policy, max_context=cfg.seq_len)
     return OnlineDistiller(drafter, mapper, lr=cfg.lr, lam=cfg.lam, batch_size=cfg.batch_size,
                            steps_per_update=cfg.steps_per_update, optimizer=cfg.optimizer,
-                           seq_len=cfg.seq_len, buffer=buffer, guard=cfg.guard)  # fmt: skip
+                           seq_len=cfg.seq_len, buffer=buffer, guard=cfg.guard, seqkd=cfg.seqkd,
+                           train_layers=cfg.train_layers)  # fmt: skip
 
 
 def adapt_stream(
@@ -100,3 +116,45 @@ def adapt_stream(
     if publish is not None:
         publish(distiller.drafter)
     return AdaptReport(trace, steps, time.perf_counter() - t0, rolled_back)
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    losses: list[float]  # mean hybrid loss of each update
+    optimizer_steps: int
+    seconds: float
+    planned_updates: int
+    stopped_early: bool  # the deadline passed first
+
+
+def train_offline(
+    distiller: OnlineDistiller,
+    observations: Sequence[Observation],
+    *,
+    epochs: float,
+    deadline: float | None = None,
+    progress: Callable[[range], Iterable[int]] = lambda r: r,
+) -> TrainReport:
+    """Train on ``observations`` for ``epochs`` passes (batches drawn at random from them), or
+    until ``time.monotonic()`` passes ``deadline``; the weights go into ``distiller.drafter``."""
+    if distiller.guard:
+        raise ValueError("train_offline holds nothing out itself: make the distiller with "
+                         "AdaptConfig(guard=False) and measure on a held-out split")  # fmt: skip
+    if not observations or epochs <= 0:
+        raise ValueError(f"need observations and epochs > 0, got {len(observations)}, {epochs}")
+    if distiller.buffer.capacity < len(observations):
+        raise ValueError(f"buffer of {distiller.buffer.capacity} for {len(observations)} replies")
+    for obs in observations:
+        distiller.buffer.add(obs)
+    per_update = distiller.batch_size * distiller.steps_per_update
+    planned = max(1, math.ceil(epochs * len(observations) / per_update))
+    t0, losses, steps, early = time.perf_counter(), [], 0, False
+    for _ in progress(range(planned)):
+        if deadline is not None and time.monotonic() > deadline:
+            early = True
+            break
+        upd = distiller.update()
+        steps += upd.steps
+        if upd.steps:
+            losses.append(upd.loss)
+    return TrainReport(losses, steps, time.perf_counter() - t0, planned, early)

@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from omnidraft_deploy.distill.align import MapperLike, build_example, dm_inverse, stack_examples
-from omnidraft_deploy.distill.losses import hybrid_loss_rows
+from omnidraft_deploy.distill.losses import hybrid_loss_rows, ngram_loss
+from omnidraft_deploy.distill.offline import freeze_all_but_last
 from omnidraft_deploy.host.threads import FreeCoreThreads
 from omnidraft_deploy.reference.model import Transformer
 
@@ -151,23 +152,27 @@ class OnlineDistiller:
         seq_len: int = 128,
         buffer: ReplayBuffer | None = None,
         guard: bool = False,
+        seqkd: float = 0.0,
+        train_layers: int = 0,
     ) -> None:
-        if batch_size < 1 or steps_per_update < 1 or lr <= 0 or lam < 0:
+        if batch_size < 1 or steps_per_update < 1 or lr <= 0 or lam < 0 or seqkd < 0:
             raise ValueError(
                 f"bad hyper-parameters: lr={lr} lam={lam} batch_size={batch_size} "
-                f"steps_per_update={steps_per_update}"
+                f"steps_per_update={steps_per_update} seqkd={seqkd}"
             )
         if mapper.draft_vocab_size != drafter.args.vocab_size:
             raise ValueError(
                 f"mapper drafter vocab {mapper.draft_vocab_size} != model {drafter.args.vocab_size}"
             )
-        self.drafter, self.mapper, self.lam = drafter, mapper, lam
+        self.drafter, self.mapper, self.lam, self.seqkd = drafter, mapper, lam, seqkd
         self.batch_size, self.steps_per_update = batch_size, steps_per_update
         self.seq_len = min(seq_len, drafter.args.max_seq_len)
         self.buffer = buffer if buffer is not None else ReplayBuffer()
         self.weights_lock = threading.Lock()
         self._inverse = dm_inverse(mapper.draft_to_target, mapper.target_vocab_size)
         self._student = copy.deepcopy(drafter).train()
+        if train_layers:  # autograd starts at the first trained block (``offline``)
+            freeze_all_but_last(self._student, train_layers)
         self._opt = _make_optimizer(optimizer, self._student, lr)
         self._update_lock = threading.Lock()  # one update() at a time
         self._threads = FreeCoreThreads()  # torch threads of each update: the free cores
@@ -190,10 +195,18 @@ class OnlineDistiller:
     __call__ = observe
 
     def batch_loss(self, model: Transformer, batch: dict[str, Tensor]) -> Tensor:
-        """Sum over the batch rows of ``hybrid_loss_rows`` (weights are batch-normalised)."""
+        """Sum over the batch rows of ``hybrid_loss_rows`` (weights are batch-normalised), plus
+        ``seqkd`` times the hard-label cross-entropy on every supervised row (sequence-level KD:
+        the committed token itself, whatever the target's probability of it)."""
         total = torch.zeros(())
+        rows = ((batch["dm_weight"] > 0) | (batch["ngram_weight"] > 0)).float()
+        hard = rows / rows.sum().clamp_min(1.0)
         for b in range(batch["draft_ids"].shape[0]):
             logits = model.forward_train(batch["draft_ids"][b : b + 1])  # (1, T, V_d)
+            if self.seqkd:
+                total = total + self.seqkd * ngram_loss(
+                    logits, batch["next_draft_ids"][b : b + 1], hard[b : b + 1]
+                )
             total = total + hybrid_loss_rows(
                 logits,
                 batch["topk_draft_ids"][b : b + 1],

@@ -54,8 +54,8 @@ def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
 
     def step(ids: list[int], start: int) -> np.ndarray:
         llm.n_tokens = start  # the KV cache cut back to ``start`` (a rollback, as ours)
-        llm.eval(ids)
-        return np.asarray(llm.scores[llm.n_tokens - 1])
+        llm.eval(ids)  # without logits_all it keeps no rows in ``scores``: read the last row
+        return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
 
     return step, n_ctx
 

@@ -34,14 +34,21 @@ from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 
 class StatefulExportable(nn.Module):
-    """``forward(token_ids (1,T), input_pos (T,)) -> logits (1,T,V)``; KV cache in buffers."""
+    """``forward(token_ids (1,T), input_pos (T,)[, cache_slots (L,)]) -> logits (1,T,V)``; KV
+    cache in buffers. ``cache_slots`` (``arange(start + T)``, the slots the call attends to) is an
+    input of programs whose attention reads only those (``graph_contract``)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, token_ids: Tensor, input_pos: Tensor) -> Tensor:
-        out: Tensor = self.model(token_ids, input_pos)
+    def forward(
+        self, token_ids: Tensor, input_pos: Tensor, cache_slots: Tensor | None = None
+    ) -> Tensor:
+        if cache_slots is None:
+            out: Tensor = self.model(token_ids, input_pos)
+        else:
+            out = self.model(token_ids, input_pos, cache_slots)
         return out
 
 
@@ -79,7 +86,7 @@ def _seq_dim(a: ModelArgs) -> Any:
 
 
 def dynamic_shapes_stateful(
-    model: Transformer | ModelArgs, *, bounded: bool = True
+    model: Transformer | ModelArgs, *, bounded: bool = True, cache_slots: bool = False
 ) -> tuple[dict[int, Any], ...]:
     """``torch.export`` dynamic_shapes for ``StatefulExportable``: T dynamic in [1, max_seq_len].
 
@@ -87,9 +94,11 @@ def dynamic_shapes_stateful(
     attention of ``exporters.xnnpack.llm_attention`` checks ``T <= S``). A bounded ``Dim`` fails
     there: the (1, T) view of its grouped output yields a contiguity guard (``T * min(D, rep * D
     * T) == D * T``) that holds for every T >= 1 but that torch.export cannot prove over a range.
+    ``cache_slots``: the third input's length L (``start + T``) dynamic too (unbounded: the
+    attention checks ``L <= S``).
     """
     t = _seq_dim(_args(model)) if bounded else torch.export.Dim.DYNAMIC
-    return ({1: t}, {0: t})
+    return ({1: t}, {0: t}) + (({0: torch.export.Dim.DYNAMIC},) if cache_slots else ())
 
 
 def dynamic_shapes_explicit(model: Transformer | ModelArgs) -> tuple[Any, ...]:

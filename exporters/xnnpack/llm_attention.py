@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from omnidraft_deploy.optional import llm_kernels
 from omnidraft_deploy.reference.model import ModelArgs
 
-KERNELS = ("span", "custom_sdpa")
+KERNELS = ("span", "prefix", "custom_sdpa")
 MASKED = -1e30  # added to a masked score: exp underflows to exactly 0, no inf arithmetic
 
 
@@ -85,6 +85,10 @@ class InPlaceKVAttention(nn.Module):
             return out.reshape(1, t, n_heads * head_dim)
         torch.ops.llama.update_cache(k[0].unsqueeze(2), k_cache, start)  # (KV, T, 1, D)
         torch.ops.llama.update_cache(v[0].unsqueeze(2), v_cache, start)
+        if self.kernel == "prefix":  # the mask's width: the cache_slots input's length when exported
+            torch._check(mask.shape[-1] <= slots)
+            torch._check(start + t <= mask.shape[-1])
+            return _prefix_attention(q, k_cache, v_cache, mask.shape[-1], mask)
         keys, values = k_cache.view(n_kv, slots, head_dim), v_cache.view(n_kv, slots, head_dim)
         if mask.shape[-1] < slots:  # eager: the call's span only (never when exporting)
             keys, values = keys[:, : mask.shape[-1]], values[:, : mask.shape[-1]]
@@ -98,10 +102,39 @@ class InPlaceKVAttention(nn.Module):
         return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
 
 
+def _prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, used: Any, mask: Tensor) -> Tensor:
+    """Attention over the first ``used`` slots of ``(KV, S, 1, D)`` caches, with every reduction
+    over the slots done so that slots past a row's position change nothing, not a bit: the row
+    max (exact in any order), ``exp`` elementwise, then the weighted sum of values and the sum of
+    the weights as GEMMs whose reduction over the slots runs in slot order (XNNPACK's f32 GEMM
+    micro-kernels accumulate along K one element at a time), where a masked slot adds an exact
+    ``0 * v``. So a row equals the same row computed over any longer span, and a verify call's
+    rows equal 1-token calls' bit for bit, while a call reads only the slots in use."""
+    _, n_heads, t, head_dim = q.shape
+    n_kv = k_cache.shape[0]
+    rep = n_heads // n_kv
+    keys = k_cache[:, :used].reshape(n_kv, -1, head_dim)  # (KV, L, D)
+    values = v_cache[:, :used].reshape(n_kv, -1, head_dim)
+    qg = q[0].contiguous().view(n_kv, rep * t, head_dim) * head_dim**-0.5  # (KV, rep*T, D)
+    scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2)  # (KV, rep*T, L)
+    bias = (mask[:, :used] - 1.0) * -MASKED  # (T, L)
+    scores = scores.reshape(n_kv, rep, t, -1) + bias
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, -1)
+    ones = torch.ones_like(values[:, :, :1])  # (KV, L, 1)
+    out = torch.bmm(weights, values) / torch.bmm(weights, ones)  # (KV, rep*T, D)
+    out = out.view(n_heads, t, head_dim)
+    return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
+
+
 def kernel_for_role(role: str) -> str:
-    """``"span"`` for a target (its rows must not depend on the call's width), ``"custom_sdpa"``
-    for a drafter (proposals only; it reads the slots it uses, not all ``S``)."""
-    return "custom_sdpa" if role == "drafter" else "span"
+    """``"prefix"`` for a target (its rows must not depend on the call's width; it reads the
+    slots in use), ``"custom_sdpa"`` for a drafter (proposals only)."""
+    return "custom_sdpa" if role == "drafter" else "prefix"
+
+
+def takes_cache_slots(kernel: str | None) -> bool:
+    """Whether a program on ``kernel`` takes the ``cache_slots`` input (``graph_contract``)."""
+    return kernel == "prefix"
 
 
 def use_llm_attention(model: nn.Module, kernel: str = "span") -> nn.Module:

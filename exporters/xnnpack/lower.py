@@ -45,6 +45,7 @@ CONSTANT_METHODS = (
     "get_eos_ids",
     "get_format_version",
     "get_bundle_hash",
+    "get_forward_inputs",
 )
 
 
@@ -53,9 +54,10 @@ def require_executorch() -> None:
 
 
 def constant_methods(
-    model: Transformer, eos_ids: tuple[int, ...], bundle_hash: str
+    model: Transformer, eos_ids: tuple[int, ...], bundle_hash: str, forward_inputs: int = 2
 ) -> dict[str, Any]:
-    """The ``.pte`` metadata methods (values the runtime and Android read before decoding)."""
+    """The ``.pte`` metadata methods (values the runtime and Android read before decoding);
+    ``forward_inputs``: 3 when ``forward`` takes ``cache_slots`` (``graph_contract``)."""
     a = model.args
     return {
         "get_max_seq_len": a.max_seq_len,
@@ -64,6 +66,7 @@ def constant_methods(
         "get_eos_ids": list(eos_ids) or [-1],  # ExecuTorch rejects an empty list constant
         "get_format_version": FORMAT_VERSION,
         "get_bundle_hash": bundle_hash or "-",  # and an empty string
+        "get_forward_inputs": forward_inputs,
     }
 
 
@@ -243,7 +246,7 @@ def export_pte(
     bits: Mapping[str, int] | None = None,
     gguf: Path | None = None,
     outliers: Mapping[str, torch.Tensor] | None = None,
-    attention: str | None = "span",
+    attention: str | None = "prefix",
 ) -> dict[str, Any]:
     """Write ``path`` (.pte); returns op coverage and ``stages`` (seconds, peak RSS MiB per
     stage, and the RSS left once the stage's garbage is freed). ``model`` is not modified.
@@ -255,7 +258,8 @@ def export_pte(
     (``gguf_quant``); its 4-bit share goes into the result as ``gguf_grid``; ``outliers`` its
     linears' input channels kept out of the int8 activations (``outliers.OutlierSplitLinear``).
     ``attention``: the stateful attention (``llm_attention``: the cache updated in place by
-    ExecuTorch's ``llama::update_cache``; ``"span"`` batch invariant, ``"custom_sdpa"`` not),
+    ExecuTorch's ``llama::update_cache``; ``"prefix"`` and ``"span"`` batch invariant,
+    ``"custom_sdpa"`` not),
     or None for the reference model's own (functional cache writes, portable kernels).
     Each stage drops what the next no longer needs (the quantised eager model once exported, the
     exported program once lowered), so the peak is one stage's, not their sum.
@@ -290,10 +294,16 @@ def export_pte(
 
             facts["act_groups"] = group_activations(quantized, dict(recipe.act_groups))
     _settled(stages, "quantize")
+    from omnidraft_deploy.exporters.xnnpack.llm_attention import takes_cache_slots
+
+    slots = takes_cache_slots(attention)
     ids, pos = example_inputs(model.args, seq_len or 2)
-    dyn = None if seq_len else dynamic_shapes_stateful(model.args, bounded=attention is None)
+    inputs = (ids, pos, torch.arange(len(pos))) if slots else (ids, pos)
+    dyn: Any = dynamic_shapes_stateful(model.args, bounded=attention is None, cache_slots=slots)
+    if seq_len:  # T static; the span, when an input, stays dynamic
+        dyn = (None, None, dyn[2]) if slots else None
     with stage(stages, "torch_export"), torch.no_grad():
-        ep = torch.export.export(StatefulExportable(quantized), (ids, pos), dynamic_shapes=dyn)
+        ep = torch.export.export(StatefulExportable(quantized), inputs, dynamic_shapes=dyn)
     del quantized  # the exported program holds what it needs
     facts["matmul_bits"] = matmul_bits(ep)
     _settled(stages, "torch_export")
@@ -302,7 +312,7 @@ def export_pte(
         edge = to_edge_transform_and_lower(
             ep,
             partitioner=[XnnpackPartitioner()],
-            constant_methods=constant_methods(model, eos_ids, bundle_hash),
+            constant_methods=constant_methods(model, eos_ids, bundle_hash, len(inputs)),
             compile_config=EdgeCompileConfig(_check_ir_validity=False),
         )
     del ep  # its constants live on in the delegates' blobs

@@ -35,8 +35,13 @@ T tokens; a short chunk is padded with copies of its last token at the following
 (padded rows come last, so causal masking keeps them out of the real rows, and their entries
 are never written back).
 
-ExecuTorch ``.pte`` programs: ``forward(token_ids (1, T), input_pos (T,)) -> logits (1, T, V)``,
-KV cache as program state; metadata as constant methods ``get_*`` (``pte_constants``).
+ExecuTorch ``.pte`` programs: ``forward(token_ids (1, T), input_pos (T,)[, cache_slots (L,)]) ->
+logits (1, T, V)``, KV cache as program state; metadata as constant methods ``get_*``
+(``pte_constants``). ``cache_slots`` = ``arange(start + T)``, the slots the call attends to, is taken
+by programs whose attention reads only the slots in use (``exporters.xnnpack.llm_attention``'s
+``prefix``): the call's span must be a shape for XNNPACK to plan it, and a value computed inside
+the graph is not one. Such programs say ``get_forward_inputs() == 3``; ``pte_step`` reads the count
+from the method's own metadata, so older two-input programs keep working.
 ONNX Runtime and ExecuTorch are imported lazily.
 """
 
@@ -54,6 +59,7 @@ INPUT_POS = "input_pos"
 LOGITS = "logits"
 LOGITS_FROM = "logits_from"  # optional (1,) int64 input, default [0]: see the module docstring
 PTE_FORWARD = "forward"
+PTE_INPUTS_WITH_SLOTS = 3  # token_ids, input_pos, cache_slots
 
 
 def cache_in(i: int) -> str:
@@ -248,10 +254,14 @@ class ExplicitCacheGraph:
 
 
 def pte_step(method: Any, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-    """One ``.pte`` ``forward`` call: ``(1, T)`` ids at ``(T,)`` positions -> logits ``(T, V)``."""
+    """One ``.pte`` ``forward`` call: ``(1, T)`` ids at ``(T,)`` positions -> logits ``(T, V)``
+    (plus ``cache_slots`` for a program that takes them: module docstring)."""
     import torch
 
-    out = method.execute([torch.from_numpy(token_ids), torch.from_numpy(input_pos)])
+    inputs = [torch.from_numpy(token_ids), torch.from_numpy(input_pos)]
+    if method.metadata.num_inputs() == PTE_INPUTS_WITH_SLOTS:
+        inputs.append(torch.arange(int(input_pos[0]) + len(input_pos)))
+    out = method.execute(inputs)
     return np.asarray(out[0][0].float().numpy())
 
 

@@ -20,6 +20,7 @@ the same update must match an exported train step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from omnidraft_deploy.distill.online import (
     OnlineDistiller,
     ReplayBuffer,
 )
+from omnidraft_deploy.distill.replies import Reply
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.speculative.decoder import SpeculativeDecoder
 
@@ -158,3 +160,46 @@ def train_offline(
         if upd.steps:
             losses.append(upd.loss)
     return TrainReport(losses, steps, time.perf_counter() - t0, planned, early)
+
+
+@dataclass(frozen=True)
+class Learned:
+    drafter: Transformer  # trained (its weights are what would be published)
+    before: float  # held-out agreement of the drafter as it came
+    after: float
+    train_replies: int
+    held_replies: int
+    report: TrainReport
+
+    @property
+    def better(self) -> bool:
+        return self.after > self.before
+
+
+def learn_replies(
+    drafter: Transformer,
+    mapper: MapperLike,
+    replies: Sequence[Reply],
+    cfg: AdaptConfig,
+    *,
+    epochs: float,
+    deadline: float | None = None,
+    progress: Callable[[range], Iterable[int]] = lambda r: r,
+) -> Learned:
+    """Split ``replies`` (``replies.heldout``), measure the held-out agreement of ``drafter``,
+    train it in place on the others (``train_offline``), measure again. Needs two replies."""
+    from omnidraft_deploy.distill.replies import heldout
+    from omnidraft_deploy.distill.reply_rows import held_rows, reply_agreement, reply_observations
+
+    train, held = heldout([r for r in replies if r.prompt and r.reply])
+    if not train or not held:
+        raise ValueError(f"{len(train) + len(held)} non-empty replies: distill needs at least 2 "
+                         "(one to train on, one held out)")  # fmt: skip
+    seq_len = min(cfg.seq_len, drafter.args.max_seq_len)
+    rows = held_rows(mapper, held, seq_len)  # type: ignore[arg-type]
+    before = reply_agreement(drafter, rows)
+    obs = reply_observations(train, max_context=seq_len, vocab=mapper.target_vocab_size)
+    cfg = dataclasses.replace(cfg, guard=False, buffer_size=len(obs), seq_len=seq_len)
+    distiller = make_distiller(drafter, mapper, cfg)
+    report = train_offline(distiller, obs, epochs=epochs, deadline=deadline, progress=progress)
+    return Learned(drafter, before, reply_agreement(drafter, rows), len(train), len(held), report)

@@ -216,6 +216,7 @@ class Transformer(nn.Module):
         caches: KVCaches | None,
         inplace: bool,
         last_only: bool = False,
+        cache_slots: Tensor | None = None,
     ) -> tuple[Tensor, KVCaches]:
         h = self.model.embed_tokens(token_ids)  # (1, T, dim)
         rope_cos: Tensor = self.rope_cos  # type: ignore[assignment]
@@ -228,8 +229,8 @@ class Transformer(nn.Module):
         if caches is None:
             mask = causal
         elif inplace:
-            slots = slots[: self._span(input_pos)]
-            mask = (slots[None, :] <= input_pos[:, None]).float()  # (T, S) or (T, span)
+            slots = slots[: self._span(input_pos)] if cache_slots is None else cache_slots
+            mask = (slots[None, :] <= input_pos[:, None]).float()  # (T, S), (T, span) or (T, L)
         else:  # valid past slots are those before the chunk's first position
             past = (slots[None, :] < input_pos[:1, None]).float().expand(t, -1)
             mask = torch.cat([past, causal], dim=1)  # (T, S + T)
@@ -259,9 +260,15 @@ class Transformer(nn.Module):
         end = -(-(int(input_pos.max()) + 1) // SPAN_BLOCK) * SPAN_BLOCK
         return min(end, self.args.max_seq_len)
 
-    def forward(self, token_ids: Tensor, input_pos: Tensor) -> Tensor:
-        """Stateful step: (1, T) ids at absolute positions (T,) -> logits (1, T, V)."""
-        logits, _ = self._run(token_ids, input_pos, self._caches(), inplace=True)
+    def forward(
+        self, token_ids: Tensor, input_pos: Tensor, cache_slots: Tensor | None = None
+    ) -> Tensor:
+        """Stateful step: (1, T) ids at absolute positions (T,) -> logits (1, T, V).
+        ``cache_slots`` (L,): the slots the step attends to (``arange(start + T)``; default: the
+        span ``_span`` picks), the mask's width (``graph_contract``: a ``.pte``'s third input)."""
+        logits, _ = self._run(
+            token_ids, input_pos, self._caches(), inplace=True, cache_slots=cache_slots
+        )
         return logits
 
     def forward_explicit(

@@ -12,25 +12,39 @@ holds is skipped, so a killed run resumes where it stopped.
 drafter (``runtime.adapt.starting_drafter``: the drafter the bundle decodes with now) is measured
 on the held-out replies (``reply_rows.reply_agreement``), trained on the others by the learner
 ``adapt`` uses (``distill.adapt.train_offline``), and measured again. Publishing (the exporters'
-job: ``omnidraft_deploy.cli.distill``) happens only when the held-out agreement rose.
+job: ``cli.main.publish_for``, passed in) happens only when the held-out agreement rose.
+
+``distill_bundle`` is the verb's flow (``DistillRun``: its flags). ``--minutes`` bounds the whole
+run: teaching stops taking requests at ``TEACH_SHARE`` of it, training at its end. A single-target
+publish gives the bundle a new manifest, so a new id and default state folder: the replies file
+goes with it, and the eager weights published are kept there (``runtime.adapted.save_distilled``)
+so that the next run starts from the drafter the bundle holds.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from omnidraft_deploy.runtime.adapt import starting_drafter
 from omnidraft_deploy.runtime.bundle import OpenBundle
 from omnidraft_deploy.runtime.run import bundle_decoder
 
-from omnidraft_deploy.distill.adapt import AdaptConfig, TrainReport, make_distiller, train_offline
-from omnidraft_deploy.distill.replies import Reply, append_reply, heldout, load_replies, request_key
-from omnidraft_deploy.distill.reply_rows import held_rows, reply_agreement, reply_observations
+from omnidraft_deploy.bundle.folder import read_manifest
+from omnidraft_deploy.bundle.targets import select
+from omnidraft_deploy.distill.adapt import AdaptConfig, Learned, learn_replies
+from omnidraft_deploy.distill.replies import (
+    REPLIES,
+    Reply,
+    append_reply,
+    load_replies,
+    request_key,
+)
 from omnidraft_deploy.distill.requests import Request
 from omnidraft_deploy.reference.model import Transformer
 from omnidraft_deploy.speculative.cost import CostProfile
@@ -130,35 +144,96 @@ def teach(bundle: OpenBundle, todo_list: Sequence[tuple[str, Request]], path: Pa
     return TeachReport(had, taught, skipped, tokens, time.perf_counter() - t0, False)
 
 
-@dataclass(frozen=True)
-class Learned:
-    drafter: Transformer  # trained (its weights are what would be published)
-    before: float  # held-out agreement of the drafter the bundle decodes with now
-    after: float
-    train_replies: int
-    held_replies: int
-    report: TrainReport
-
-    @property
-    def better(self) -> bool:
-        return self.after > self.before
-
-
 def learn(bundle: OpenBundle, replies: Sequence[Reply], cfg: AdaptConfig, *, epochs: float,
           state: Path | None, deadline: float | None = None,
           progress: Progress = lambda r: r) -> Learned:  # fmt: skip
-    """Measure, train, measure (module docstring). Needs two replies at least."""
-    train, held = heldout([r for r in replies if r.prompt and r.reply])
-    if not train or not held:
-        raise ValueError(f"{len(train) + len(held)} non-empty replies: distill needs at least 2 "
-                         "(one to train on, one held out)")  # fmt: skip
-    drafter = starting_drafter(bundle, state)
-    seq_len = min(cfg.seq_len, drafter.args.max_seq_len)
-    rows = held_rows(bundle.mapper, held, seq_len)
-    before = reply_agreement(drafter, rows)
-    obs = reply_observations(train, max_context=seq_len, vocab=bundle.mapper.target_vocab_size)
-    cfg = dataclasses.replace(cfg, guard=False, buffer_size=len(obs), seq_len=seq_len)
-    distiller = make_distiller(drafter, bundle.mapper, cfg)
-    report = train_offline(distiller, obs, epochs=epochs, deadline=deadline, progress=progress)
-    after = reply_agreement(distiller.drafter, rows)
-    return Learned(distiller.drafter, before, after, len(train), len(held), report)
+    """Measure, train, measure (module docstring), from the drafter the bundle decodes with."""
+    return learn_replies(starting_drafter(bundle, state), bundle.mapper, replies, cfg,
+                         epochs=epochs, deadline=deadline, progress=progress)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DistillRun:
+    """``omnidraft distill``'s settings (every field a flag)."""
+
+    bundle: Path
+    target: str | None
+    state: Path  # the target's state folder
+    requests: Sequence[Request]
+    cfg: AdaptConfig
+    replies: int = 200
+    minutes: float | None = None
+    max_new_tokens: int = 96
+    chat: bool = True
+    threads: int | None = None
+    epochs: float = 2.0
+    teach_only: bool = False
+    dry_run: bool = False
+
+
+TEACH_SHARE = 0.7  # of --minutes: teaching; the rest trains
+Publish = Callable[[Transformer], Path]  # the new drafter -> where it went (the exporters' job)
+
+
+def distill_bundle(run: DistillRun, *, publish: Publish, restate: Callable[[], Path],
+                   bar: Callable[[str, str], Progress], err: TextIO) -> str:  # fmt: skip
+    """Teach, learn and, when better, ``publish`` (module docstring); returns the result line.
+    ``restate``: the target's state folder after a publish (a single-target bundle's id changes
+    with its manifest); ``bar(desc, unit)``: a progress bar over an iterable (stderr)."""
+    from omnidraft_deploy.runtime.adapted import check_swappable, save_distilled
+    from omnidraft_deploy.runtime.bundle import open_bundle
+    from omnidraft_deploy.runtime.run import decoding_profile
+
+    t0, path = time.monotonic(), run.state / REPLIES
+    stop = None if run.minutes is None else t0 + 60 * run.minutes
+    if run.threads:
+        torch.set_num_threads(run.threads)  # the learner's FreeCoreThreads gives way below it
+    bundle = open_bundle(run.bundle, target=run.target, state=run.state, threads=run.threads)
+    if bundle.manifest.targets and not run.teach_only:  # refused before any teaching
+        check_swappable(bundle.manifest, bundle.root)
+    chat = run.chat and bool(getattr(bundle.tokenizer, "chat_template", None))
+    left, had = todo(bundle, run.requests, path, budget=run.replies,
+                     max_new_tokens=run.max_new_tokens, chat=chat)  # fmt: skip
+    print(f"distill: {had} replies in {path}, {len(left)} to ask ({len(run.requests)} requests, "
+          f"{'chat template' if chat else 'plain text'}, teacher: the bundle's target)", file=err,
+          flush=True)  # fmt: skip
+    if left:
+        taught = teach(bundle, left, path, max_new_tokens=run.max_new_tokens, chat=chat, had=had,
+                       deadline=None if stop is None else t0 + TEACH_SHARE * (stop - t0),
+                       profile=decoding_profile(bundle, run.state), progress=bar("teach", "reply"))  # fmt: skip
+        print(f"distill: taught {taught.taught} replies ({taught.tokens} tokens) in "
+              f"{taught.seconds:.0f} s{'; time budget reached' if taught.stopped_early else ''}"
+              f"{f'; {taught.skipped} longer than the context skipped' if taught.skipped else ''}",
+              file=err, flush=True)  # fmt: skip
+    if run.teach_only:
+        return f"replies: {path}"
+    teacher = teacher_name(bundle)
+    replies = [r for r in load_replies(path) if r.teacher == teacher]
+    got = learn(bundle, replies, run.cfg, epochs=run.epochs, state=run.state, deadline=stop,
+                progress=bar("train", "step"))  # fmt: skip
+    r = got.report
+    print(f"held-out agreement ({got.held_replies} replies held out, {got.train_replies} trained "
+          f"on, {r.optimizer_steps} steps in {r.seconds:.0f} s"
+          f"{', time budget reached' if r.stopped_early else ''}): before {got.before:.3f} -> "
+          f"after {got.after:.3f}", flush=True)  # fmt: skip
+    if not got.better or run.dry_run:
+        why = "--dry-run" if run.dry_run else "held-out agreement did not rise"
+        return f"not published ({why}); the bundle's drafter is unchanged"
+    print("distill: publishing the new drafter", file=err, flush=True)
+    written = publish(got.drafter)
+    if not bundle.manifest.targets:  # a new bundle id: its state folder may be another
+        new_state = restate()
+        save_distilled(select(read_manifest(run.bundle), run.target), new_state, got.drafter)
+        carry(path, new_state)
+    return f"published: {written}"
+
+
+def carry(replies: Path, state: Path) -> None:
+    """The replies file into the state folder ``state`` if it is not there (copied whole, then
+    renamed into place): a single-target publish moves the bundle's default state folder."""
+    dest = state / replies.name
+    if dest.resolve() == replies.resolve() or not replies.exists():
+        return
+    tmp = state / f".{replies.name}.tmp"
+    shutil.copyfile(replies, tmp)
+    tmp.replace(dest)

@@ -21,7 +21,6 @@ from typing import Any
 from omnidraft_deploy.catalog.backends import get_backend
 from omnidraft_deploy.catalog.presets import DEFAULT_TARGET
 from omnidraft_deploy.cli.console import library_stdout, run_verb
-from omnidraft_deploy.cli.distill import cmd_distill
 from omnidraft_deploy.cli.local import cmd_assets, cmd_bench, cmd_generate, cmd_presets
 from omnidraft_deploy.cli.parser import (
     VERIFY_HASHES_ENV,
@@ -292,7 +291,6 @@ def _prompt_text(prompt: str, prompt_file: str | None) -> str:
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from omnidraft_deploy.bundle.folder import read_manifest
     from omnidraft_deploy.bundle.targets import select
-    from omnidraft_deploy.cli.distill import publish_for
     from omnidraft_deploy.distill.adapt import AdaptConfig
     from omnidraft_deploy.runtime.adapt import adapt_bundle
 
@@ -327,6 +325,50 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
+def publish_for(root: Path, view: Any, state: Path, drafter: Any) -> Path:
+    """Publish a trained drafter (``adapt``, ``distill``): a single-target bundle's drafter graph
+    is re-exported from it and verified (``exporters.publish``); a target of a multi-target bundle
+    gets it swapped into the shared graph, checked, in its state folder (``runtime.adapted``)."""
+    from omnidraft_deploy.exporters.publish import publish_drafter
+    from omnidraft_deploy.runtime.adapted import publish_target_weights
+
+    if view.targets:
+        return publish_target_weights(root, view, state, drafter)
+    return publish_drafter(root, drafter)
+
+
+def _cmd_distill(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from omnidraft_deploy.bundle.folder import read_manifest
+    from omnidraft_deploy.bundle.targets import select
+    from omnidraft_deploy.distill.adapt import AdaptConfig
+    from omnidraft_deploy.distill.requests import requests_for
+    from omnidraft_deploy.runtime.distill import DistillRun, distill_bundle
+
+    requests = requests_for(args.prompts, args.replies, args.seed)
+    cfg = AdaptConfig(lr=args.lr, lam=args.lam, seqkd=args.seqkd, batch_size=args.batch_size,
+                      steps_per_update=1, seq_len=args.seq_len, train_layers=args.train_layers)  # fmt: skip
+    state = _state(args.bundle, args.state, args.target)
+    run = DistillRun(Path(args.bundle), args.target, state, requests, cfg, replies=args.replies,
+                     minutes=args.minutes, max_new_tokens=args.max_new_tokens,
+                     chat=not args.no_chat, threads=args.threads, epochs=args.epochs,
+                     teach_only=args.teach_only, dry_run=args.dry_run)  # fmt: skip
+    root = Path(args.bundle)
+    view = select(read_manifest(root), args.target, source=root / "manifest.json")
+
+    def publish(drafter: Any) -> Path:
+        with library_stdout(getattr(args, "verbose", False)):  # torch.onnx's chatter
+            return publish_for(root, view, state, drafter)
+
+    line = distill_bundle(run, publish=publish, err=sys.stderr,
+                          restate=lambda: _state(args.bundle, args.state, args.target),
+                          bar=lambda desc, unit: lambda r: tqdm(r, desc=desc, unit=unit,
+                                                                file=sys.stderr))  # fmt: skip
+    print(line)
+    return 0
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -344,7 +386,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Handler] = {
     "presets": cmd_presets, "assets": cmd_assets, "generate": cmd_generate, "bench": cmd_bench,
     "export": _cmd_export, "validate": _cmd_validate, "run": _cmd_run, "profile": _cmd_profile,
-    "adapt": _cmd_adapt, "serve": _cmd_serve, "distill": cmd_distill,
+    "adapt": _cmd_adapt, "serve": _cmd_serve, "distill": _cmd_distill,
 }  # fmt: skip
 
 

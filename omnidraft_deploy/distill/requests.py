@@ -226,3 +226,11 @@ def user_requests(path: str | Path) -> list[Request]:
     if not out:
         raise ValueError(f"{p}: no requests in it")
     return out
+
+
+def requests_for(prompts: str | Path | None, n: int, seed: int = 0) -> list[Request]:
+    """The first ``n`` requests of the prompt file or folder ``prompts``, else of the shipped
+    sets (every shape in turn)."""
+    if prompts:
+        return user_requests(prompts)[:n]
+    return shipped_requests(-(-n // len(TASKS)), seed)[:n]

@@ -168,7 +168,6 @@ class DistillRun:
     threads: int | None = None
     epochs: float = 2.0
     teach_only: bool = False
-    dry_run: bool = False
 
 
 TEACH_SHARE = 0.7  # of --minutes: teaching; the rest trains
@@ -216,9 +215,8 @@ def distill_bundle(run: DistillRun, *, publish: Publish, restate: Callable[[], P
           f"on, {r.optimizer_steps} steps in {r.seconds:.0f} s"
           f"{', time budget reached' if r.stopped_early else ''}): before {got.before:.3f} -> "
           f"after {got.after:.3f}", flush=True)  # fmt: skip
-    if not got.better or run.dry_run:
-        why = "--dry-run" if run.dry_run else "held-out agreement did not rise"
-        return f"not published ({why}); the bundle's drafter is unchanged"
+    if not got.better:
+        return "not published (held-out agreement did not rise); the bundle's drafter is unchanged"
     print("distill: publishing the new drafter", file=err, flush=True)
     written = publish(got.drafter)
     if not bundle.manifest.targets:  # a new bundle id: its state folder may be another

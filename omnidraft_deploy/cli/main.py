@@ -346,14 +346,13 @@ def _cmd_distill(args: argparse.Namespace) -> int:
     from omnidraft_deploy.distill.requests import requests_for
     from omnidraft_deploy.runtime.distill import DistillRun, distill_bundle
 
-    requests = requests_for(args.prompts, args.replies, args.seed)
-    cfg = AdaptConfig(lr=args.lr, lam=args.lam, seqkd=args.seqkd, batch_size=args.batch_size,
-                      steps_per_update=1, seq_len=args.seq_len, train_layers=args.train_layers)  # fmt: skip
+    requests = requests_for(args.prompts, args.replies)
+    cfg = AdaptConfig(lr=args.lr, lam=1.0, seqkd=args.seqkd, batch_size=4, steps_per_update=1,
+                      seq_len=256, train_layers=args.train_layers)  # fmt: skip
     state = _state(args.bundle, args.state, args.target)
     run = DistillRun(Path(args.bundle), args.target, state, requests, cfg, replies=args.replies,
                      minutes=args.minutes, max_new_tokens=args.max_new_tokens,
-                     chat=not args.no_chat, threads=args.threads, epochs=args.epochs,
-                     teach_only=args.teach_only, dry_run=args.dry_run)  # fmt: skip
+                     threads=args.threads, epochs=args.epochs, teach_only=args.teach_only)  # fmt: skip
     root = Path(args.bundle)
     view = select(read_manifest(root), args.target, source=root / "manifest.json")
 

@@ -245,12 +245,14 @@ def _add_bundle_verbs(sub: Any, handlers: Mapping[str, Handler], common: Any) ->
 
 
 DISTILL_HELP = "teach the drafter the bundle's target: its replies to your requests, then train"
-DISTILL_EPILOG = """The target answers each request greedily through the bundle (speculative decoding:
-its own output); each reply is appended to distill.replies.jsonl in the target's state folder as it
-finishes, so a stopped run resumes. 10% of the replies are held out; the new drafter is published
-(as `omnidraft adapt` publishes) only when its held-out agreement with the target rises.
---prompts: a text file (one request a line), a .jsonl file ({"text": ...} a line) or a folder (one
-request a file); default: the shipped request sets (math, code, chat, summaries, code edits)."""
+DISTILL_EPILOG = """The target answers each request greedily through the bundle (speculative
+decoding: its own output; in its chat template when it has one). Each reply is appended to
+distill.replies.jsonl in the target's state folder as it finishes, so a stopped run resumes.
+10% of the replies are held out; the new drafter is published (as `omnidraft adapt` publishes)
+only when its held-out agreement with the target rises. Loss: L_DM + L_Ngram (+ --seqkd times the
+hard-label term); 4 replies a step, 256 drafter ids a row.
+--prompts: a text file (one request a line), a .jsonl file ({"text": ...} a line) or a folder
+(one request a file); default: the shipped sets (math, code, chat, summaries, code edits)."""
 
 
 def _add_distill(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None:
@@ -265,23 +267,15 @@ def _add_distill(sub: Any, handlers: Mapping[str, Handler], common: Any) -> None
     p.add_argument("--minutes", type=finite_float(0.1, 1e5), help="wall budget of the run: "
                    "70%% teaching, the rest training")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int_in(1, 4096), default=96, help="tokens a reply")
-    p.add_argument("--no-chat", action="store_true", help="send requests without the chat template")
     p.add_argument("--threads", type=int_in(1, 256), default=os.cpu_count() or 1,
                    help="torch and ONNX Runtime threads")  # fmt: skip
-    p.add_argument("--epochs", type=finite_float(0.01, 1000), default=2.0)
-    p.add_argument("--lr", type=finite_float(1e-9, 1.0), default=5e-5)
-    p.add_argument("--lam", type=finite_float(0.0, 100.0), default=1.0,
-                   help="weight of L_Ngram in L_DM + lam * L_Ngram")  # fmt: skip
+    p.add_argument("--epochs", type=finite_float(0.01, 1000), default=2.0, help="passes")
+    p.add_argument("--lr", type=finite_float(1e-9, 1.0), default=5e-5, help="AdamW step size")
     p.add_argument("--seqkd", type=finite_float(0.0, 100.0), default=0.0,
                    help="weight of the hard-label term (sequence-level KD) added to the loss")  # fmt: skip
-    p.add_argument("--batch-size", type=int_in(1, 256), default=4, help="replies a step")
-    p.add_argument("--seq-len", type=int_in(8, 1 << 16), default=256,
-                   help="drafter ids a training row (the prompt is cut from the left)")  # fmt: skip
     p.add_argument("--train-layers", type=int_in(0, 1024), default=0,
                    help="train only the last N blocks and the final norm (0: every parameter)")  # fmt: skip
-    p.add_argument("--seed", type=int_in(0, 1 << 31), default=0, help="shipped request sets")
     p.add_argument("--teach-only", action="store_true", help="collect replies, do not train")
-    p.add_argument("--dry-run", action="store_true", help="train and measure, do not publish")
 
 
 def _verb(sub: Any, name: str, help: str, handlers: Mapping[str, Handler], common: Any) -> Any:

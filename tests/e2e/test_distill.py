@@ -28,8 +28,7 @@ pytest.importorskip("safetensors")
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = [f"def add_{i}(x):\n" if i % 2 else f"Question: what is {i} plus {i}?" for i in range(40)]
-TRAIN = ["--no-chat", "--max-new-tokens", "6", "--threads", "1", "--epochs", "20", "--lr", "1e-2",
-         "--batch-size", "2", "--seq-len", "32"]  # fmt: skip
+TRAIN = ["--max-new-tokens", "6", "--threads", "1", "--epochs", "20", "--lr", "1e-2"]
 MULTI_TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # conftest's multi_bundle
 ASKED = re.compile(r"distill: (\d+) replies in .*, (\d+) to ask")
 AGREEMENT = re.compile(r"before ([0-9.]+) -> after ([0-9.]+)")

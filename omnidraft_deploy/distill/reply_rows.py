@@ -104,5 +104,13 @@ def reply_agreement(model: Transformer, rows: Sequence[KDRow]) -> float:
 
 
 def held_rows(mapper: SpellingMapper, replies: Sequence[Reply], max_len: int) -> list[KDRow]:
-    """``kd_row`` of every held-out reply that has a prompt and a reply."""
-    return [kd_row(mapper, r.prompt, r.reply, max_len) for r in replies if r.prompt and r.reply]
+    """``kd_row`` of every reply whose prompt and reply the drafter can spell."""
+    rows = []
+    for r in replies:
+        ctx, out = (
+            mapper.drafter_context(r.prompt),
+            [d for t in r.reply for d in mapper.target_to_draft(t)],
+        )
+        if ctx and out:
+            rows.append(kd_row(mapper, r.prompt, r.reply, max_len))
+    return rows

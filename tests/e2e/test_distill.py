@@ -27,7 +27,9 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("safetensors")
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUESTS = [f"def add_{i}(x):\n" if i % 2 else f"Question: what is {i} plus {i}?" for i in range(40)]
+REQUESTS = [
+    f"def f{i}(x):\n" if i % 2 else f"Add {i} and {i}." for i in range(40)
+]  # short: 48 slots
 TRAIN = ["--max-new-tokens", "6", "--threads", "1", "--epochs", "20", "--lr", "1e-2"]
 MULTI_TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # conftest's multi_bundle
 ASKED = re.compile(r"distill: (\d+) replies in .*, (\d+) to ask")
@@ -121,7 +123,9 @@ def test_sigkill_while_teaching_loses_no_reply_and_the_rerun_resumes(
     while len(_replies(state)) < 3 and proc.poll() is None and time.monotonic() - t0 < 120:
         time.sleep(0.02)
     _kill(proc)
-    with open(state / REPLIES, "a") as f:  # and a reply torn mid-line, as a kill mid-write leaves it
+    with open(
+        state / REPLIES, "a"
+    ) as f:  # and a reply torn mid-line, as a kill mid-write leaves it
         f.write('{"key": "0123456789abcdef", "task": "user", "te')
     kept = load_replies(state / REPLIES)
     assert 3 <= len(kept) < 40 and len({r.key for r in kept}) == len(kept)
@@ -174,5 +178,7 @@ def test_distilling_one_target_leaves_the_bundle_and_the_others_bitwise(
     held = sorted(p.relative_to(state).as_posix() for p in state.rglob(ADAPTED_DRAFTER))
     assert held == [f"targets/{picked}/{ADAPTED_DRAFTER}"]
     for name in MULTI_TARGETS:
-        got = open_bundle(bundle, target=name, state=state / "targets" / name).drafter.forward(probe, 0)
+        got = open_bundle(bundle, target=name, state=state / "targets" / name).drafter.forward(
+            probe, 0
+        )
         assert torch.equal(got, shipped[name]) == (name != picked), name

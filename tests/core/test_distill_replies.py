@@ -12,19 +12,9 @@ import pytest
 import torch
 
 from omnidraft_deploy.distill import replies as rp
+from omnidraft_deploy.distill import reply_rows as rr
+from omnidraft_deploy.distill import requests as rq
 from omnidraft_deploy.distill.adapt import AdaptConfig, make_distiller, train_offline
-from omnidraft_deploy.distill.reply_rows import (
-    held_rows,
-    kd_row,
-    reply_agreement,
-    reply_observations,
-)
-from omnidraft_deploy.distill.requests import (
-    TASKS,
-    packaged_prompt_texts,
-    request_texts,
-    user_requests,
-)
 from omnidraft_deploy.reference.model import build_model
 from omnidraft_deploy.testing import toy_pair, toy_spec
 from omnidraft_deploy.vocab.mapper import VocabMapper
@@ -99,37 +89,37 @@ def test_request_keys_and_the_held_out_split_are_stable() -> None:
 
 def test_user_requests_from_a_file_a_jsonl_file_and_a_folder(tmp_path: Path) -> None:
     (tmp_path / "lines.txt").write_text("first request\n\n  second one\n")
-    assert [r.text for r in user_requests(tmp_path / "lines.txt")] == ["first request", "  second one"]
+    assert [r.text for r in rq.user_requests(tmp_path / "lines.txt")] == ["first request", "  second one"]
     (tmp_path / "rows.jsonl").write_text('{"text": "a\\nb", "task": "code"}\n{"text": "c"}\n')
-    got = user_requests(tmp_path / "rows.jsonl")
+    got = rq.user_requests(tmp_path / "rows.jsonl")
     assert [(r.task, r.text) for r in got] == [("code", "a\nb"), ("user", "c")]
     folder = tmp_path / "many"
     folder.mkdir()
     (folder / "b.md").write_text("two\nlines")
     (folder / "a.txt").write_text("one")
-    assert [r.text for r in user_requests(folder)] == ["one", "two\nlines"]
+    assert [r.text for r in rq.user_requests(folder)] == ["one", "two\nlines"]
     (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n[1]\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON object"):
-        user_requests(tmp_path / "bad.jsonl")
+        rq.user_requests(tmp_path / "bad.jsonl")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(ValueError, match="no requests"):
-        user_requests(tmp_path / "empty.txt")
+        rq.user_requests(tmp_path / "empty.txt")
 
 
 def test_request_texts_cover_the_five_shapes_and_are_seeded() -> None:
-    got = request_texts(DOCS, [SOURCE], per_task=4, seed=1)
-    assert [t for t, _ in got] == [t for t in TASKS for _ in range(4)]
-    assert got == request_texts(DOCS, [SOURCE], per_task=4, seed=1)
-    assert got != request_texts(DOCS, [SOURCE], per_task=4, seed=2)
-    by_task = {t: [x for tt, x in got if tt == t] for t in TASKS}
+    got = rq.request_texts(DOCS, [SOURCE], per_task=4, seed=1)
+    assert [t for t, _ in got] == [t for t in rq.TASKS for _ in range(4)]
+    assert got == rq.request_texts(DOCS, [SOURCE], per_task=4, seed=1)
+    assert got != rq.request_texts(DOCS, [SOURCE], per_task=4, seed=2)
+    by_task = {t: [x for tt, x in got if tt == t] for t in rq.TASKS}
     assert all(x.endswith("Answer:") for x in by_task["math"])
     assert all(x.startswith("User: ") and x.endswith("\nAssistant:") for x in by_task["chat"])
     assert all(x.endswith("Summary:") for x in by_task["summarisation"])
     assert all("```python\ndef f" in x and '"""' not in x for x in by_task["code_edit"])
     assert all(x.startswith(("def f", "Write a Python function that returns")) for x in by_task["code"])
     with pytest.raises(ValueError, match="math: only 8 distinct requests, 9 wanted"):
-        request_texts(DOCS, [SOURCE], per_task=9, seed=0)
-    assert len(packaged_prompt_texts()) >= 12
+        rq.request_texts(DOCS, [SOURCE], per_task=9, seed=0)
+    assert len(rq.packaged_prompt_texts()) >= 12
 
 
 class SpellTwice:
@@ -143,20 +133,20 @@ class SpellTwice:
 
 
 def test_kd_row_is_the_decoders_view_cut_from_the_left() -> None:
-    row = kd_row(SpellTwice(), [5, 6], [7], max_len=64)
+    row = rr.kd_row(SpellTwice(), [5, 6], [7], max_len=64)
     assert row.ids == (0, 10, 11, 12, 13, 14, 15) and row.start == 5
-    cut = kd_row(SpellTwice(), [5, 6], [7, 8], max_len=6)
+    cut = rr.kd_row(SpellTwice(), [5, 6], [7, 8], max_len=6)
     assert cut.ids == (12, 13, 14, 15, 16, 17) and cut.start == 2  # the reply is kept whole
     with pytest.raises(ValueError, match="empty"):
-        kd_row(SpellTwice(), [5], [], max_len=8)
+        rr.kd_row(SpellTwice(), [5], [], max_len=8)
 
 
 def test_a_reply_without_top_k_is_its_own_token_with_probability_one() -> None:
-    soft, hard = reply_observations([_reply(0), _reply(0, topk=False)], max_context=8, vocab=10)
+    soft, hard = rr.reply_observations([_reply(0), _reply(0, topk=False)], max_context=8, vocab=10)
     assert soft.topk_ids.shape == hard.topk_ids.shape == (3, 8)
     assert torch.equal(hard.topk_ids[:, 0], torch.tensor([4, 6, 9])) and hard.topk_probs[:, 0].eq(1).all()
     assert hard.topk_probs[:, 1:].eq(0).all() and soft.topk_probs[0, :3].tolist() == pytest.approx([0.7, 0.2, 0.1])
-    capped = reply_observations([_reply(0)], max_context=8, vocab=5)[0]  # ids >= 5: probability 0
+    capped = rr.reply_observations([_reply(0)], max_context=8, vocab=5)[0]  # ids >= 5: probability 0
     assert capped.topk_probs[1].sum() == pytest.approx(0.3)
 
 
@@ -169,14 +159,14 @@ def _learn(cfg: AdaptConfig, replies: list[rp.Reply]) -> tuple[float, float]:
     torch.manual_seed(0)
     model = build_model(toy_spec(6, max_seq_len=32), seed=3)
     mapper = _mapper()
-    rows = held_rows(mapper, replies, 32)
-    before = reply_agreement(model, rows)
-    obs = reply_observations(replies, max_context=32, vocab=10)
+    rows = rr.held_rows(mapper, replies, 32)
+    before = rr.reply_agreement(model, rows)
+    obs = rr.reply_observations(replies, max_context=32, vocab=10)
     distiller = make_distiller(model, mapper, dataclasses.replace(cfg, buffer_size=len(obs)))
     report = train_offline(distiller, obs, epochs=40)
     assert report.optimizer_steps == report.planned_updates and not report.stopped_early
     assert sum(report.losses[-3:]) < sum(report.losses[:3])
-    return before, reply_agreement(model, rows)
+    return before, rr.reply_agreement(model, rows)
 
 
 @pytest.mark.parametrize("seqkd", [0.0, 1.0])
@@ -192,7 +182,7 @@ def test_train_layers_moves_only_the_last_blocks_and_the_final_norm() -> None:
     mapper = _mapper()
     cfg = AdaptConfig(lr=1e-2, batch_size=1, seq_len=32, guard=False, train_layers=1)
     distiller = make_distiller(model, mapper, cfg)
-    train_offline(distiller, reply_observations([_reply(0)], max_context=32, vocab=10), epochs=3)
+    train_offline(distiller, rr.reply_observations([_reply(0)], max_context=32, vocab=10), epochs=3)
     moved = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert moved and all(k.startswith(("model.layers.2.", "model.norm.")) for k in moved)
     with pytest.raises(ValueError, match="guard"):

@@ -68,11 +68,8 @@ def export_xnnpack(
         outliers, extras["outliers"] = _outliers(model, info)
         # nothing before verification reads the eager weights again: file-backed until then
         extras["spilled_bytes"] = spill_weights(model, out_dir)
-    from omnidraft_deploy.exporters.xnnpack.llm_attention import kernel_for_role
-
     coverage = export_pte(model, out_dir / info.file, recipe=recipe, eos_ids=eos_ids,
-                          bundle_hash=bundle_hash, bits=bits, gguf=gguf, outliers=outliers,
-                          attention=kernel_for_role(role))  # fmt: skip
+                          bundle_hash=bundle_hash, bits=bits, gguf=gguf, outliers=outliers)  # fmt: skip
     if "gguf_grid" in coverage:
         extras["gguf_grid"] = coverage.pop("gguf_grid")
     return info, extras | {"stages": coverage.pop("stages"), "op_coverage": coverage}

@@ -6,26 +6,30 @@ a broadcast GQA matmul) lowers to portable kernels that rewrite every cache func
 in every call (issue 44: ~1.3 GiB written a call on Qwen2.5-Coder-1.5B). ExecuTorch's LLM recipe
 (``examples/models/llama``: ``CustomKVCache``) holds each cache as a mutable program buffer and
 writes only the T new rows with ``llama::update_cache`` (``extension/llm/custom_ops``, in the
-pinned wheel). Two attention kernels (``kernel``), each with the cache layout it reads:
+pinned wheel). Three attention kernels (``kernel``), each with the cache layout it reads:
 
-- ``"span"`` (default): caches ``(KV, S, 1, D)`` (update_cache's ``(B, S, H, D)`` with the KV
-  heads as its batch: each head's slots one contiguous ``(S, D)`` matrix the delegated matmuls
-  read in place); scores over all ``S`` slots as XNNPACK batch matmuls, grouped per KV head
-  (``(KV, S, D) @ (KV, D, rep * T)``: no head is widened), an additive mask for the slots past
-  each row's position, XNNPACK's softmax, ``(KV, rep * T, S) @ (KV, S, D)``. Every row is
-  computed over the same ``S`` slots with the same kernels whatever ``T`` is, so a verify call's
-  rows equal 1-token calls' bit for bit (greedy speculative output == target-only's). It reads
-  all ``S`` slots of K and V per layer (fp32: ``2 * S * KV * D * 4`` B) whatever the position.
+- ``"prefix"`` (default, targets and drafters): K ``(KV, S, 1, D)`` (update_cache's ``(B, S, H,
+  D)`` with the KV heads as its batch), V transposed ``(KV * D, S, 1, 1)``. It reads only the
+  first ``L = start + T`` slots, ``L`` given as a shape by the program's third input
+  ``cache_slots`` (``graph_contract``: XNNPACK plans only shapes derived from inputs, not a
+  length computed from ``input_pos``'s values). Scores and weighted sums are XNNPACK batch
+  matmuls grouped per KV head (no head is widened; both read the caches as the GEMM's left
+  operand, in place); the softmax is a row max, ``exp`` and a division by a GEMM over the slots
+  (``_prefix_attention``), so every row is bitwise what it is over any longer span: a verify
+  call's rows equal 1-token calls' (greedy speculative output == target-only's).
+- ``"span"``: the same caches as ``prefix``'s K for both, every one of the ``S`` slots read each
+  call (an additive mask and XNNPACK's softmax), two inputs: bitwise batch invariant too, but it
+  reads and copies all ``2 * S * KV * D * 4`` bytes a layer whatever the position (the kernel of
+  the first in-place programs; kept for comparison, ``benchmarks/probes/attention_layer.py``).
 - ``"custom_sdpa"``: ``llama::custom_sdpa(q, k, v, start_pos, None, 0, True)`` over caches
-  ``(1, S, KV, D)`` reads only the first ``start_pos + T`` slots, but its blocked flash
-  attention sums rows in an order that depends on ``T`` and ``start_pos`` (measured: 1-token
-  rows differ from a verify call's in the last bits). A target on it would not guarantee greedy
-  speculative == target-only; a drafter does not need that (its rows only propose: the target
-  verifies), so drafters take it (``kernel_for_role``).
+  ``(1, S, KV, D)`` (ExecuTorch's own) reads only the slots in use, but its blocked flash
+  attention sums rows in an order that depends on ``T`` and ``start_pos``: 1-token rows differ
+  from a verify call's (5.8e-6 in fp32, 0.05 logits a layer under 8da4w on a 1.5B layer), and
+  its verify calls were slower. Kept as an option, not used by the exporter.
 
-Rollback is free either way: slots past a row's position are masked (span) or not read (custom),
-and the next call overwrites them. Positions must be contiguous (``input_pos = start +
-arange(T)``), as every caller of the stateful contract guarantees.
+Rollback is free: slots past a row's position are masked or not read, and the next call
+overwrites them. Positions must be contiguous (``input_pos = start + arange(T)``), as every
+caller of the stateful contract guarantees.
 
 ``use_llm_attention(model)`` plugs one module into each layer's ``Attention.kv_attend`` of a
 ``reference.model.Transformer`` (or a quantised shell of one); eager calls run the same ops on
@@ -43,16 +47,17 @@ from torch import Tensor, nn
 from omnidraft_deploy.optional import llm_kernels
 from omnidraft_deploy.reference.model import ModelArgs
 
-KERNELS = ("span", "prefix", "custom_sdpa")
+KERNELS = ("prefix", "span", "custom_sdpa")
 MASKED = -1e30  # added to a masked score: exp underflows to exactly 0, no inf arithmetic
 
 
 class InPlaceKVAttention(nn.Module):
     """``forward(q (1, H, T, D), k (1, KV, T, D), v, input_pos (T,), mask (T, S')) -> (1, T, H*D)``.
 
-    Writes k / v at ``input_pos[0]`` into ``k_cache`` / ``v_cache`` ``(KV, S, 1, D)`` in place,
-    then attends (``kernel``, module docstring). ``mask`` is the model's 0/1 slot mask (1 = may
-    attend); eager calls may pass fewer slots ``S' < S`` (``Transformer._span``).
+    Writes k / v at ``input_pos[0]`` into ``k_cache`` / ``v_cache`` in place, then attends
+    (``kernel``: its cache layout and its sums in the module docstring). ``mask`` is the model's
+    0/1 slot mask (1 = may attend): ``(T, L)`` from the ``cache_slots`` input when exported, or
+    fewer slots than ``S`` in eager calls (``Transformer._span``).
     """
 
     def __init__(self, max_seq_len: int, n_kv_heads: int, head_dim: int, kernel: str) -> None:
@@ -60,13 +65,17 @@ class InPlaceKVAttention(nn.Module):
         if kernel not in KERNELS:
             raise ValueError(f"unknown attention kernel {kernel!r}; choose from {KERNELS}")
         self.kernel = kernel
-        # update_cache's (B, S, H, D): span keeps each KV head's slots contiguous (the KV heads
-        # as its batch), custom_sdpa reads the layout it takes, (1, S, KV, D)
-        shape = (n_kv_heads, max_seq_len, 1, head_dim)
+        # update_cache's (B, S, H, D): span and prefix keep each KV head's slots contiguous (the
+        # KV heads as its batch); prefix holds V transposed, one row of S slots per (head, channel)
+        # (B = KV * D, H = D = 1), so its weighted sum reads V in place as a GEMM's left operand
+        # instead of packing it; custom_sdpa reads the layout it takes, (1, S, KV, D)
+        k_shape = v_shape = (n_kv_heads, max_seq_len, 1, head_dim)
         if kernel == "custom_sdpa":
-            shape = (1, max_seq_len, n_kv_heads, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape), persistent=False)
+            k_shape = v_shape = (1, max_seq_len, n_kv_heads, head_dim)
+        elif kernel == "prefix":
+            v_shape = (n_kv_heads * head_dim, max_seq_len, 1, 1)
+        self.register_buffer("k_cache", torch.zeros(k_shape), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(v_shape), persistent=False)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, input_pos: Tensor, mask: Tensor) -> Tensor:
         _, n_heads, t, head_dim = q.shape
@@ -84,11 +93,13 @@ class InPlaceKVAttention(nn.Module):
                                               None, 0, True)  # fmt: skip
             return out.reshape(1, t, n_heads * head_dim)
         torch.ops.llama.update_cache(k[0].unsqueeze(2), k_cache, start)  # (KV, T, 1, D)
-        torch.ops.llama.update_cache(v[0].unsqueeze(2), v_cache, start)
-        if self.kernel == "prefix":  # the mask's width: the cache_slots input's length when exported
+        if self.kernel == "prefix":  # over the mask's width: cache_slots' length when exported
+            v_t = v[0].transpose(1, 2).reshape(n_kv * head_dim, t, 1, 1)  # (KV * D, T, 1, 1)
+            torch.ops.llama.update_cache(v_t, v_cache, start)
             torch._check(mask.shape[-1] <= slots)
             torch._check(start + t <= mask.shape[-1])
-            return _prefix_attention(q, k_cache, v_cache, mask.shape[-1], mask)
+            return _prefix_attention(q, k_cache, v_cache, mask)
+        torch.ops.llama.update_cache(v[0].unsqueeze(2), v_cache, start)
         keys, values = k_cache.view(n_kv, slots, head_dim), v_cache.view(n_kv, slots, head_dim)
         if mask.shape[-1] < slots:  # eager: the call's span only (never when exporting)
             keys, values = keys[:, : mask.shape[-1]], values[:, : mask.shape[-1]]
@@ -102,34 +113,30 @@ class InPlaceKVAttention(nn.Module):
         return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
 
 
-def _prefix_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, used: Any, mask: Tensor) -> Tensor:
-    """Attention over the first ``used`` slots of ``(KV, S, 1, D)`` caches, with every reduction
-    over the slots done so that slots past a row's position change nothing, not a bit: the row
-    max (exact in any order), ``exp`` elementwise, then the weighted sum of values and the sum of
-    the weights as GEMMs whose reduction over the slots runs in slot order (XNNPACK's f32 GEMM
-    micro-kernels accumulate along K one element at a time), where a masked slot adds an exact
-    ``0 * v``. So a row equals the same row computed over any longer span, and a verify call's
-    rows equal 1-token calls' bit for bit, while a call reads only the slots in use."""
+def _prefix_attention(q: Tensor, k_cache: Tensor, v_t_cache: Tensor, mask: Tensor) -> Tensor:
+    """Attention over the first ``L`` slots (``mask``'s width) of a ``(KV, S, 1, D)`` K cache and
+    a ``(KV * D, S, 1, 1)`` transposed V cache, every reduction over the slots done so that slots
+    past a row's position change nothing, not a bit: the row max (exact in any order), ``exp``
+    elementwise, then the weighted sum of values and the sum of the weights as GEMMs whose
+    reduction over the slots runs in slot order (XNNPACK's f32 GEMM micro-kernels accumulate
+    along K one element at a time), to which a masked slot adds an exact ``0 * v``. So a row
+    equals the same row computed over any longer span, and a verify call's rows equal 1-token
+    calls' bit for bit, while a call reads only the slots in use. (XNNPACK's softmax is not
+    used: its sum takes the tail of a row in another order than the body.)"""
     _, n_heads, t, head_dim = q.shape
-    n_kv = k_cache.shape[0]
+    n_kv, used = k_cache.shape[0], mask.shape[-1]
     rep = n_heads // n_kv
-    keys = k_cache[:, :used].reshape(n_kv, -1, head_dim)  # (KV, L, D)
-    values = v_cache[:, :used].reshape(n_kv, -1, head_dim)
+    keys = k_cache[:, :used].reshape(n_kv, used, head_dim)  # (KV, L, D)
+    values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, used)  # (KV, D, L)
     qg = q[0].contiguous().view(n_kv, rep * t, head_dim) * head_dim**-0.5  # (KV, rep*T, D)
     scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2)  # (KV, rep*T, L)
-    bias = (mask[:, :used] - 1.0) * -MASKED  # (T, L)
-    scores = scores.reshape(n_kv, rep, t, -1) + bias
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, -1)
-    ones = torch.ones_like(values[:, :, :1])  # (KV, L, 1)
-    out = torch.bmm(weights, values) / torch.bmm(weights, ones)  # (KV, rep*T, D)
-    out = out.view(n_heads, t, head_dim)
-    return out.transpose(0, 1).contiguous().view(1, t, n_heads * head_dim)
-
-
-def kernel_for_role(role: str) -> str:
-    """``"prefix"`` for a target (its rows must not depend on the call's width; it reads the
-    slots in use), ``"custom_sdpa"`` for a drafter (proposals only)."""
-    return "custom_sdpa" if role == "drafter" else "prefix"
+    scores = scores.reshape(n_kv, rep, t, used) + (mask - 1.0) * -MASKED
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, used)
+    weights_t = weights.transpose(1, 2)  # (KV, L, rep*T)
+    ones = torch.ones_like(values_t[:, :1])  # (KV, 1, L)
+    out_t = torch.bmm(values_t, weights_t) / torch.bmm(ones, weights_t)  # (KV, D, rep*T)
+    out = out_t.reshape(n_kv, head_dim, rep, t).permute(3, 0, 2, 1)  # (T, KV, rep, D)
+    return out.reshape(1, t, n_heads * head_dim)
 
 
 def takes_cache_slots(kernel: str | None) -> bool:
@@ -137,7 +144,7 @@ def takes_cache_slots(kernel: str | None) -> bool:
     return kernel == "prefix"
 
 
-def use_llm_attention(model: nn.Module, kernel: str = "span") -> nn.Module:
+def use_llm_attention(model: nn.Module, kernel: str = "prefix") -> nn.Module:
     """``model`` (a ``Transformer`` or a quantised shell of one) with every layer's attention on
     ``InPlaceKVAttention``; its own ``(1, KV, S, D)`` buffers, unread on this path, are emptied
     so the program does not carry them. Returns ``model`` (modified in place)."""

@@ -39,7 +39,7 @@ def eager() -> Transformer:
     return build_model(SPEC, seed=2, max_seq_len=48)
 
 
-@pytest.mark.parametrize("kernel", ["span", "custom_sdpa"])
+@pytest.mark.parametrize("kernel", ["prefix", "span", "custom_sdpa"])
 def test_eager_matches_the_reference_attention(eager: Transformer, kernel: str) -> None:
     from omnidraft_deploy.exporters.xnnpack.llm_attention import use_llm_attention
 
@@ -57,12 +57,17 @@ def test_unknown_kernel_lists_the_valid_ones() -> None:
         InPlaceKVAttention(16, 2, 8, "flash")
 
 
-@pytest.fixture(scope="module")
-def pte(eager: Transformer, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+@pytest.fixture(scope="module", params=["prefix", "span"])
+def pte(
+    eager: Transformer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> tuple[Path, dict]:
+    """A target program on each batch-invariant kernel: ``prefix`` (the default: a third input,
+    the slots in use) and ``span`` (every slot; the two-input contract of older programs)."""
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte
 
-    path = tmp_path_factory.mktemp("llm") / "target.pte"
-    cov = export_pte(eager, path, recipe=get_recipe("xnnpack", "fp32"), eos_ids=(2,))
+    path = tmp_path_factory.mktemp("llm") / f"target-{request.param}.pte"
+    kwargs = {} if request.param == "prefix" else {"attention": request.param}
+    cov = export_pte(eager, path, recipe=get_recipe("xnnpack", "fp32"), eos_ids=(2,), **kwargs)
     return path, cov
 
 
@@ -81,7 +86,6 @@ def _pte_calls(path: Path):
 
 def test_pte_rows_are_batch_invariant_and_rollback_is_free(eager: Transformer, pte) -> None:
     path, cov = pte
-    assert cov["attention"] == "span"
     call = _pte_calls(path)
     full = call(0, 24)  # (24, V)
     with torch.no_grad():
@@ -91,6 +95,23 @@ def test_pte_rows_are_batch_invariant_and_rollback_is_free(eager: Transformer, p
         assert torch.equal(call(12, n), full[12 : 12 + n]), f"{n}-token rows differ"
     call(0, 20)  # wrote slots 12..19; a rollback to 12 re-feeds from there
     assert torch.equal(call(12, 3), full[12:15])
+    for start in (1, 7, 16, 23):  # rows over spans of every width equal the 24-token call's
+        call(0, start)
+        assert torch.equal(call(start, 1), full[start : start + 1]), f"row {start} differs"
+
+
+def test_the_default_program_takes_the_slots_in_use(pte) -> None:
+    """``prefix`` programs take ``cache_slots`` (``graph_contract``) and say so to callers that
+    cannot read a method's metadata (the Android adapter); ``span`` ones keep two inputs."""
+    from omnidraft_deploy.runtime.executorch_model import constant
+
+    from omnidraft_deploy.optional import pte_program
+
+    path, cov = pte
+    program = pte_program(path)
+    inputs = program.load_method("forward").metadata.num_inputs()
+    assert inputs == int(constant(program, "get_forward_inputs"))
+    assert (cov["attention"], inputs) in {("prefix", 3), ("span", 2)}
 
 
 def test_no_per_call_cache_rewrite_left_in_the_portable_kernels(pte) -> None:
@@ -106,12 +127,10 @@ def test_no_per_call_cache_rewrite_left_in_the_portable_kernels(pte) -> None:
 
 
 def test_a_drafter_pte_on_custom_sdpa_matches_eager(eager: Transformer, tmp_path: Path) -> None:
-    """Drafters read only the slots they use (``kernel_for_role``); their rows need not be
-    batch invariant, only close to eager (the target verifies every proposal)."""
-    from omnidraft_deploy.exporters.xnnpack.llm_attention import kernel_for_role
+    """``custom_sdpa`` (ExecuTorch's own LLM attention, kept as an option: its rows are close to
+    eager but not batch invariant) still exports and runs."""
     from omnidraft_deploy.exporters.xnnpack.lower import export_pte, program_ops
 
-    assert kernel_for_role("drafter") == "custom_sdpa" and kernel_for_role("target") == "span"
     path = tmp_path / "drafter.pte"
     export_pte(eager, path, recipe=get_recipe("xnnpack", "fp32"), eos_ids=(2,),
                attention="custom_sdpa")  # fmt: skip

@@ -278,11 +278,13 @@ def test_a_tiny_model_exports_with_activation_groups(tmp_path: Path) -> None:
     # each grouped linear adds one fp32 linear (the sum over its groups)
     assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3,
                                     "linear_fp32": 2 * 12 + 6}  # fmt: skip
-    # nothing new outside XNNPACK: the plain gguf4 tiny graph leaves 6 unsqueeze_copy and 32
-    # view_copy (rope, attention, the constant tables' group sums), no mul and no permute
+    # nothing new outside XNNPACK: the plain gguf4 tiny graph leaves 6 unsqueeze_copy and 36
+    # view_copy (rope, attention: 2 a layer are the (KV, L, D) views of the caches' used slots,
+    # of a dynamic shape XNNPACK does not take, run as copy-free et_view; the constant tables'
+    # group sums), no mul and no permute
     left = facts["non_delegated_ops"]
     assert "aten_mul_tensor" not in left and "aten_permute_copy_default" not in left, left
-    assert left["aten_unsqueeze_copy_default"] <= 6 and left["aten_view_copy_default"] <= 32
+    assert left["aten_unsqueeze_copy_default"] <= 6 and left["aten_view_copy_default"] <= 36
     info = graph_info(model, SPEC, file=path.name, quantization="gguf4", seq_len=None)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance

@@ -30,15 +30,19 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = [
     f"def f{i}(x):\n" if i % 2 else f"Add {i} and {i}." for i in range(40)
 ]  # short: 48 slots
-TRAIN = ["--max-new-tokens", "6", "--threads", "1", "--epochs", "20", "--lr", "1e-2"]
+# hard labels: a random target's top-k is nearly flat, so L_DM alone barely moves the argmax
+TRAIN = ["--max-new-tokens", "6", "--threads", "1", "--epochs", "20", "--lr", "1e-2", "--seqkd", "1"]
 MULTI_TARGETS = ("tiny-llama3-8b", "tiny-qwen2-7b", "tiny-vicuna-7b")  # conftest's multi_bundle
 ASKED = re.compile(r"distill: (\d+) replies in .*, (\d+) to ask")
 AGREEMENT = re.compile(r"before ([0-9.]+) -> after ([0-9.]+)")
 
 
 def _prompts(tmp: Path, n: int) -> Path:
+    """``n`` requests: each text twice, under two task names (two keys, one greedy reply), so a
+    held-out reply has a twin to learn from: a tiny random target's replies are noise otherwise."""
     path = tmp / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in REQUESTS[:n]))
+    rows = [{"text": REQUESTS[i // 2], "task": f"t{i % 2}"} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 

@@ -34,21 +34,26 @@ from omnidraft_deploy.reference.model import ModelArgs, Transformer
 
 
 class StatefulExportable(nn.Module):
-    """``forward(token_ids (1,T), input_pos (T,)[, cache_slots (L,)]) -> logits (1,T,V)``; KV
-    cache in buffers. ``cache_slots`` (``arange(start + T)``, the slots the call attends to) is an
-    input of programs whose attention reads only those (``graph_contract``)."""
+    """``forward(token_ids (1,T), input_pos (T,)[, cache_slots (L,), logit_rows (R,)]) -> logits
+    (1,R,V)``; KV cache in buffers. ``cache_slots`` (``arange(start + T)``, the slots the call
+    attends to) and ``logit_rows`` (its length: how many last rows get logits) are inputs of
+    programs whose attention reads only the slots in use (``graph_contract``)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, token_ids: Tensor, input_pos: Tensor, cache_slots: Tensor | None = None
+        self,
+        token_ids: Tensor,
+        input_pos: Tensor,
+        cache_slots: Tensor | None = None,
+        logit_rows: Tensor | None = None,
     ) -> Tensor:
         if cache_slots is None:
             out: Tensor = self.model(token_ids, input_pos)
         else:
-            out = self.model(token_ids, input_pos, cache_slots)
+            out = self.model(token_ids, input_pos, cache_slots, logit_rows)
         return out
 
 
@@ -94,11 +99,12 @@ def dynamic_shapes_stateful(
     attention of ``exporters.xnnpack.llm_attention`` checks ``T <= S``). A bounded ``Dim`` fails
     there: the (1, T) view of its grouped output yields a contiguity guard (``T * min(D, rep * D
     * T) == D * T``) that holds for every T >= 1 but that torch.export cannot prove over a range.
-    ``cache_slots``: the third input's length L (``start + T``) dynamic too (unbounded: the
-    attention checks ``L <= S``).
+    ``cache_slots``: the lengths of the third and fourth inputs (``cache_slots``' ``start + T``,
+    ``logit_rows``' R) dynamic too (unbounded: the model checks ``L <= S`` and ``R <= T``).
     """
     t = _seq_dim(_args(model)) if bounded else torch.export.Dim.DYNAMIC
-    return ({1: t}, {0: t}) + (({0: torch.export.Dim.DYNAMIC},) if cache_slots else ())
+    spans = ({0: torch.export.Dim.DYNAMIC}, {0: torch.export.Dim.DYNAMIC})
+    return ({1: t}, {0: t}) + (spans if cache_slots else ())
 
 
 def dynamic_shapes_explicit(model: Transformer | ModelArgs) -> tuple[Any, ...]:

@@ -60,3 +60,6 @@ class PteModel(RuntimeModel):
 
     def _run(self, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
         return gc.pte_step(self.method, token_ids, input_pos)
+
+    def _run_tail(self, token_ids: np.ndarray, input_pos: np.ndarray, rows: int) -> np.ndarray:
+        return gc.pte_step(self.method, token_ids, input_pos, rows)

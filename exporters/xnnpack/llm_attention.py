@@ -140,7 +140,8 @@ def _prefix_attention(q: Tensor, k_cache: Tensor, v_t_cache: Tensor, mask: Tenso
 
 
 def takes_cache_slots(kernel: str | None) -> bool:
-    """Whether a program on ``kernel`` takes the ``cache_slots`` input (``graph_contract``)."""
+    """Whether a program on ``kernel`` takes the ``cache_slots`` and ``logit_rows`` inputs
+    (``graph_contract``)."""
     return kernel == "prefix"
 
 

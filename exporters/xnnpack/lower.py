@@ -57,7 +57,8 @@ def constant_methods(
     model: Transformer, eos_ids: tuple[int, ...], bundle_hash: str, forward_inputs: int = 2
 ) -> dict[str, Any]:
     """The ``.pte`` metadata methods (values the runtime and Android read before decoding);
-    ``forward_inputs``: 3 when ``forward`` takes ``cache_slots`` (``graph_contract``)."""
+    ``forward_inputs``: 4 when ``forward`` takes ``cache_slots`` and ``logit_rows``
+    (``graph_contract``)."""
     a = model.args
     return {
         "get_max_seq_len": a.max_seq_len,
@@ -298,10 +299,10 @@ def export_pte(
 
     slots = takes_cache_slots(attention)
     ids, pos = example_inputs(model.args, seq_len or 2)
-    inputs = (ids, pos, torch.arange(len(pos))) if slots else (ids, pos)
+    inputs = (ids, pos, torch.arange(len(pos)), torch.zeros_like(pos)) if slots else (ids, pos)
     dyn: Any = dynamic_shapes_stateful(model.args, bounded=attention is None, cache_slots=slots)
-    if seq_len:  # T static; the span, when an input, stays dynamic
-        dyn = (None, None, dyn[2]) if slots else None
+    if seq_len:  # T static; the spans, when inputs, stay dynamic
+        dyn = (None, None, *dyn[2:]) if slots else None
     with stage(stages, "torch_export"), torch.no_grad():
         ep = torch.export.export(StatefulExportable(quantized), inputs, dynamic_shapes=dyn)
     del quantized  # the exported program holds what it needs

@@ -35,13 +35,16 @@ T tokens; a short chunk is padded with copies of its last token at the following
 (padded rows come last, so causal masking keeps them out of the real rows, and their entries
 are never written back).
 
-ExecuTorch ``.pte`` programs: ``forward(token_ids (1, T), input_pos (T,)[, cache_slots (L,)]) ->
-logits (1, T, V)``, KV cache as program state; metadata as constant methods ``get_*``
-(``pte_constants``). ``cache_slots`` = ``arange(start + T)``, the slots the call attends to, is taken
-by programs whose attention reads only the slots in use (``exporters.xnnpack.llm_attention``'s
-``prefix``): the call's span must be a shape for XNNPACK to plan it, and a value computed inside
-the graph is not one. Such programs say ``get_forward_inputs() == 3``; ``pte_step`` reads the count
-from the method's own metadata, so older two-input programs keep working.
+ExecuTorch ``.pte`` programs: ``forward(token_ids (1, T), input_pos (T,)[, cache_slots (L,),
+logit_rows (R,)]) -> logits (1, R, V)``, KV cache as program state; metadata as constant methods
+``get_*`` (``pte_constants``). Programs whose attention reads only the slots in use
+(``exporters.xnnpack.llm_attention``'s ``prefix``) take two more inputs whose *lengths* carry
+numbers, because XNNPACK plans only shapes derived from inputs, not values computed in the graph:
+``cache_slots`` = ``arange(start + T)``, the slots the call attends to, and ``logit_rows`` (any
+int64 values) whose length R (1 <= R <= T) is how many of the last rows get logits (a prefill
+needs one: the lm_head runs R times, not T times, as ``logits_from`` does in ONNX graphs). Such
+programs say ``get_forward_inputs() == 4``; ``pte_step`` reads the count from the method's own
+metadata, so older two-input programs keep working (all T rows).
 ONNX Runtime and ExecuTorch are imported lazily.
 """
 
@@ -59,7 +62,7 @@ INPUT_POS = "input_pos"
 LOGITS = "logits"
 LOGITS_FROM = "logits_from"  # optional (1,) int64 input, default [0]: see the module docstring
 PTE_FORWARD = "forward"
-PTE_INPUTS_WITH_SLOTS = 3  # token_ids, input_pos, cache_slots
+PTE_INPUTS_WITH_SPANS = 4  # token_ids, input_pos, cache_slots, logit_rows
 
 
 def cache_in(i: int) -> str:
@@ -253,16 +256,20 @@ class ExplicitCacheGraph:
         return logits if rows is None else logits[-rows:]
 
 
-def pte_step(method: Any, token_ids: np.ndarray, input_pos: np.ndarray) -> np.ndarray:
-    """One ``.pte`` ``forward`` call: ``(1, T)`` ids at ``(T,)`` positions -> logits ``(T, V)``
-    (plus ``cache_slots`` for a program that takes them: module docstring)."""
+def pte_step(
+    method: Any, token_ids: np.ndarray, input_pos: np.ndarray, rows: int | None = None
+) -> np.ndarray:
+    """One ``.pte`` ``forward`` call: ``(1, T)`` ids at ``(T,)`` positions -> logits ``(T, V)``,
+    or the last ``rows`` rows ``(rows, V)`` (scored alone by programs that take ``logit_rows``,
+    cut from all T by older ones: module docstring)."""
     import torch
 
+    t = len(input_pos)
     inputs = [torch.from_numpy(token_ids), torch.from_numpy(input_pos)]
-    if method.metadata.num_inputs() == PTE_INPUTS_WITH_SLOTS:
-        inputs.append(torch.arange(int(input_pos[0]) + len(input_pos)))
-    out = method.execute(inputs)
-    return np.asarray(out[0][0].float().numpy())
+    if method.metadata.num_inputs() == PTE_INPUTS_WITH_SPANS:
+        inputs += [torch.arange(int(input_pos[0]) + t), torch.zeros(rows or t, dtype=torch.long)]
+    out = np.asarray(method.execute(inputs)[0][0].float().numpy())
+    return out if rows is None else out[-rows:]
 
 
 def pte_constants(program: Any) -> dict[str, Any]:

@@ -217,6 +217,7 @@ class Transformer(nn.Module):
         inplace: bool,
         last_only: bool = False,
         cache_slots: Tensor | None = None,
+        logit_rows: Tensor | None = None,
     ) -> tuple[Tensor, KVCaches]:
         h = self.model.embed_tokens(token_ids)  # (1, T, dim)
         rope_cos: Tensor = self.rope_cos  # type: ignore[assignment]
@@ -246,6 +247,9 @@ class Transformer(nn.Module):
             new_caches += [k, v]
         if last_only:
             h = h[:, -1:]
+        elif logit_rows is not None:  # the last R rows (R = its length: a shape when exported)
+            torch._check(logit_rows.shape[0] <= t)
+            h = h[:, t - logit_rows.shape[0] :]
         return self.lm_head(self.model.norm(h)), new_caches
 
     def _span(self, input_pos: Tensor) -> int:
@@ -261,14 +265,20 @@ class Transformer(nn.Module):
         return min(end, self.args.max_seq_len)
 
     def forward(
-        self, token_ids: Tensor, input_pos: Tensor, cache_slots: Tensor | None = None
+        self,
+        token_ids: Tensor,
+        input_pos: Tensor,
+        cache_slots: Tensor | None = None,
+        logit_rows: Tensor | None = None,
     ) -> Tensor:
         """Stateful step: (1, T) ids at absolute positions (T,) -> logits (1, T, V).
         ``cache_slots`` (L,): the slots the step attends to (``arange(start + T)``; default: the
-        span ``_span`` picks), the mask's width (``graph_contract``: a ``.pte``'s third input)."""
+        span ``_span`` picks), the mask's width; ``logit_rows`` (R,): logits of the last R rows
+        only, (1, R, V) (``graph_contract``: a ``.pte``'s third and fourth inputs)."""
         logits, _ = self._run(
-            token_ids, input_pos, self._caches(), inplace=True, cache_slots=cache_slots
-        )
+            token_ids, input_pos, self._caches(), inplace=True, cache_slots=cache_slots,
+            logit_rows=logit_rows,
+        )  # fmt: skip
         return logits
 
     def forward_explicit(

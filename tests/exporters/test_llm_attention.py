@@ -100,18 +100,26 @@ def test_pte_rows_are_batch_invariant_and_rollback_is_free(eager: Transformer, p
         assert torch.equal(call(start, 1), full[start : start + 1]), f"row {start} differs"
 
 
-def test_the_default_program_takes_the_slots_in_use(pte) -> None:
-    """``prefix`` programs take ``cache_slots`` (``graph_contract``) and say so to callers that
-    cannot read a method's metadata (the Android adapter); ``span`` ones keep two inputs."""
+def test_the_default_program_takes_the_spans_as_inputs(pte) -> None:
+    """``prefix`` programs take ``cache_slots`` and ``logit_rows`` (``graph_contract``) and say so
+    to callers that cannot read a method's metadata (the Android adapter); ``span`` ones keep two
+    inputs. The last rows alone equal the same rows of a full call, bit for bit."""
     from omnidraft_deploy.runtime.executorch_model import constant
 
+    from omnidraft_deploy.bundle import graph_contract as gc
     from omnidraft_deploy.optional import pte_program
 
     path, cov = pte
     program = pte_program(path)
-    inputs = program.load_method("forward").metadata.num_inputs()
+    method = program.load_method("forward")
+    inputs = method.metadata.num_inputs()
     assert inputs == int(constant(program, "get_forward_inputs"))
-    assert (cov["attention"], inputs) in {("prefix", 3), ("span", 2)}
+    assert (cov["attention"], inputs) in {("prefix", 4), ("span", 2)}
+    ids, pos = IDS[:, :20].numpy(), gc.contiguous_positions(0, 20)
+    full = gc.pte_step(method, ids, pos)
+    for rows in (1, 3, 20):
+        tail = gc.pte_step(method, ids, pos, rows)
+        assert tail.shape == (rows, full.shape[1]) and (tail == full[-rows:]).all()
 
 
 def test_no_per_call_cache_rewrite_left_in_the_portable_kernels(pte) -> None:

@@ -44,9 +44,9 @@ from omnidraft_deploy.bundle.manifest import Manifest
 from omnidraft_deploy.bundle.sections import GraphInfo
 
 
-def target_info(bundle: Path) -> GraphInfo:
+def target_info(bundle: Path, role: str = "target") -> GraphInfo:
     manifest = Manifest.from_json((bundle / "manifest.json").read_text(), source=bundle)
-    return manifest.graphs["target"]
+    return manifest.graphs[role]
 
 
 def top1(bundles: list[Path], n_prompts: int, gguf: Path | None = None, threads: int = 2
@@ -95,10 +95,10 @@ def llamacpp_step(gguf: Path, threads: int, vocab: int) -> Any:
     return step
 
 
-def ort_model(bundle: Path, threads: int) -> Any:
-    """The bundle's target graph through the runtime: ``OrtModel`` (``--threads`` intra-op, no
+def ort_model(bundle: Path, threads: int, role: str = "target") -> Any:
+    """The bundle's ``role`` graph through the runtime: ``OrtModel`` (``--threads`` intra-op, no
     spinning), or ``PteModel`` for an XNNPACK ``.pte`` (the ExecuTorch threadpool at ``threads``)."""
-    info = target_info(bundle)
+    info = target_info(bundle, role)
     if info.file.endswith(".pte"):
         from executorch.extension.pybindings import portable_lib
         from omnidraft_deploy.runtime.executorch_model import PteModel

@@ -11,7 +11,8 @@ median is the decode figure). Engines run in one process with explicit threads (
 the ExecuTorch threadpool, ORT intra-op without spinning, llama.cpp's ``n_threads``), and rows are
 interleaved round-robin (context, then engine, ``--rounds`` times) so a change in the machine's
 state reaches every engine alike; the load average is recorded beside every row. Writes
-``reports/phone_path/phone_path.{json,md,png}``. Nothing is asserted: the figures are ratios
+``reports/phone_path/phone_path.{json,md,png}`` (``--role drafter``: the bundles' drafters, with
+their GGUF: ``phone_path_drafter.*``). Nothing is asserted: the figures are ratios
 measured side by side.
 """
 
@@ -35,16 +36,17 @@ OUT = Path("reports/phone_path")
 Step = Callable[[list[int], int], np.ndarray]  # (ids, start) -> logits of the last row (V,)
 
 
-def bundle_step(bundle: Path, threads: int) -> tuple[Step, int]:
-    """The bundle's target graph as a step function, and its KV slots."""
+def bundle_step(bundle: Path, threads: int, role: str) -> tuple[Step, int]:
+    """The bundle's ``role`` graph as a step function (the last row's logits alone, as a decoder
+    asks for them: ``forward_tail``), and its KV slots."""
     import torch
 
     from benchmarks.gguf_bundle import ort_model, target_info
 
-    model, info = ort_model(bundle, threads), target_info(bundle)
+    model, info = ort_model(bundle, threads, role), target_info(bundle, role)
 
     def step(ids: list[int], start: int) -> np.ndarray:
-        return np.asarray(model.forward(torch.tensor(ids), start)[-1])
+        return np.asarray(model.forward_tail(torch.tensor(ids), start, 1)[-1])
 
     return step, info.max_seq_len
 
@@ -105,7 +107,8 @@ def markdown(data: dict[str, Any]) -> str:
     engines = list(dict.fromkeys(s["engine"] for s in data["summary"]))
     contexts = sorted({s["context"] for s in data["summary"]})
     cell = {(s["engine"], s["context"]): s for s in data["summary"]}
-    lines = ["# Phone path: target decode tok/s by context", "", *meta_lines(data["meta"]),
+    role = data["meta"].get("role", "target")
+    lines = [f"# Phone path: {role} decode tok/s by context", "", *meta_lines(data["meta"]),
              "| context | " + " | ".join(engines) + " |",
              "|---|" + "---|" * len(engines)]  # fmt: skip
     for c in contexts:
@@ -135,6 +138,8 @@ def main() -> None:
     ap.add_argument("--pte", type=Path, help="bundle with an XNNPACK .pte target")
     ap.add_argument("--onnx", type=Path, help="bundle with an ONNX target")
     ap.add_argument("--gguf", type=Path, help="llama.cpp on this GGUF")
+    ap.add_argument("--role", default="target", choices=("target", "drafter"),
+                    help="which graph of the bundles (the GGUF should be that model's)")  # fmt: skip
     ap.add_argument("--contexts", default="64,512,4000")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
@@ -145,16 +150,18 @@ def main() -> None:
     load0 = os.getloadavg()
     engines: dict[str, tuple[Step, int]] = {}
     if a.pte:
-        engines["xnnpack .pte"] = bundle_step(a.pte, a.threads)
+        engines["xnnpack .pte"] = bundle_step(a.pte, a.threads, a.role)
     if a.onnx:
-        engines["onnx"] = bundle_step(a.onnx, a.threads)
+        engines["onnx"] = bundle_step(a.onnx, a.threads, a.role)
     if a.gguf:
         engines["llama.cpp"] = llamacpp_step(a.gguf, a.threads, max(contexts) + a.tokens + 8)
     rows = run(engines, contexts, a.tokens, a.rounds)
-    payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "rows": rows,
+    payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0) | {"role": a.role},
+               "rows": rows,
                "summary": summary(rows)}  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
-    print(write_report(a.out / "phone_path", payload, markdown=markdown, plot=plot))
+    name = "phone_path" if a.role == "target" else f"phone_path_{a.role}"
+    print(write_report(a.out / name, payload, markdown=markdown, plot=plot))
 
 
 if __name__ == "__main__":

@@ -47,15 +47,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("bundle")
     p.add_argument("--name", default="distill_cli")
-    p.add_argument("verb_args", nargs=argparse.REMAINDER, help="after --: the verb's flags")
-    a = p.parse_args(argv)
-    verb = [x for x in a.verb_args if x != "--"]
+    args = sys.argv[1:] if argv is None else list(argv)
+    cut = args.index("--") if "--" in args else len(args)  # after --: the verb's own flags
+    a, verb = p.parse_args(args[:cut]), args[cut + 1 :]
     threads = int(verb[verb.index("--threads") + 1]) if "--threads" in verb else None
     load0, t0 = os.getloadavg(), time.perf_counter()
     cmd = [sys.executable, "-m", "omnidraft_deploy.cli.main", "distill", a.bundle, *verb]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          check=False)  # fmt: skip
     wall = time.perf_counter() - t0
-    text = proc.stdout + "\n" + proc.stderr
+    text = proc.stdout
     lines = [line.rsplit("\r", 1)[-1] for line in text.splitlines() if line.strip()]
     payload = {"meta": run_meta(threads=threads, load_avg_start=load0), "bundle": a.bundle,
                "verb": "omnidraft distill " + " ".join([a.bundle, *verb]), "status": proc.returncode,

@@ -187,3 +187,14 @@ def test_train_layers_moves_only_the_last_blocks_and_the_final_norm() -> None:
     assert moved and all(k.startswith(("model.layers.2.", "model.norm.")) for k in moved)
     with pytest.raises(ValueError, match="guard"):
         train_offline(make_distiller(model, mapper, AdaptConfig()), [], epochs=1)
+
+
+def test_a_passed_deadline_stops_training_before_the_next_update() -> None:
+    import time
+
+    model = build_model(toy_spec(6, max_seq_len=32), seed=1)
+    cfg = AdaptConfig(lr=1e-2, batch_size=1, steps_per_update=1, seq_len=32, guard=False)
+    obs = rr.reply_observations([_reply(0), _reply(1)], max_context=32, vocab=10)
+    report = train_offline(make_distiller(model, _mapper(), cfg), obs, epochs=5,
+                           deadline=time.monotonic() - 1)  # fmt: skip
+    assert report.stopped_early and report.optimizer_steps == 0 and report.planned_updates == 10

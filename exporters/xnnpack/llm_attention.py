@@ -31,6 +31,11 @@ Rollback is free: slots past a row's position are masked or not read, and the ne
 overwrites them. Positions must be contiguous (``input_pos = start + arange(T)``), as every
 caller of the stateful contract guarantees.
 
+Views name the call's dynamic size as ``-1`` where they can: XNNPACK takes a view with one
+inferred size, not one whose size is a symbol, and every view it does not take is a portable op
+that splits the layer's XNNPACK partition (a call per partition, and a lowering pass per
+partition at export).
+
 ``use_llm_attention(model)`` plugs one module into each layer's ``Attention.kv_attend`` of a
 ``reference.model.Transformer`` (or a quantised shell of one); eager calls run the same ops on
 CPU. The ``llama`` ops must be registered wherever such a program is exported or loaded
@@ -94,7 +99,7 @@ class InPlaceKVAttention(nn.Module):
             return out.reshape(1, t, n_heads * head_dim)
         torch.ops.llama.update_cache(k[0].unsqueeze(2), k_cache, start)  # (KV, T, 1, D)
         if self.kernel == "prefix":  # over the mask's width: cache_slots' length when exported
-            v_t = v[0].transpose(1, 2).reshape(n_kv * head_dim, t, 1, 1)  # (KV * D, T, 1, 1)
+            v_t = v.transpose(2, 3).reshape(n_kv * head_dim, -1, 1, 1)  # (KV * D, T, 1, 1)
             torch.ops.llama.update_cache(v_t, v_cache, start)
             torch._check(mask.shape[-1] <= slots)
             torch._check(start + t <= mask.shape[-1])
@@ -128,15 +133,15 @@ def _prefix_attention(q: Tensor, k_cache: Tensor, v_t_cache: Tensor, mask: Tenso
     rep = n_heads // n_kv
     keys = k_cache[:, :used].reshape(n_kv, used, head_dim)  # (KV, L, D)
     values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, used)  # (KV, D, L)
-    qg = q[0].contiguous().view(n_kv, rep * t, head_dim) * head_dim**-0.5  # (KV, rep*T, D)
+    qg = q.reshape(n_kv, -1, head_dim) * head_dim**-0.5  # (KV, rep*T, D); -1: module docstring
     scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2)  # (KV, rep*T, L)
     scores = scores.reshape(n_kv, rep, t, used) + (mask - 1.0) * -MASKED
     weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, used)
     weights_t = weights.transpose(1, 2)  # (KV, L, rep*T)
     ones = torch.ones_like(values_t[:, :1])  # (KV, 1, L)
     out_t = torch.bmm(values_t, weights_t) / torch.bmm(ones, weights_t)  # (KV, D, rep*T)
-    out = out_t.reshape(n_kv, head_dim, rep, t).permute(3, 0, 2, 1)  # (T, KV, rep, D)
-    return out.reshape(1, t, n_heads * head_dim)
+    out = out_t.reshape(n_kv, head_dim, rep, -1).permute(3, 0, 2, 1)  # (T, KV, rep, D)
+    return out.reshape(1, -1, n_heads * head_dim)
 
 
 def takes_cache_slots(kernel: str | None) -> bool:

@@ -132,9 +132,11 @@ class Attention(nn.Module):
         """x: (1, T, dim); mask: (T, keys) float, 1 = may attend. Returns (out, k, v) where k, v
         (1, KV, T, D) are this chunk's new cache entries."""
         _, t, _ = x.shape
-        q = self.q_proj(x).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1, not t: a view whose only dynamic size is inferred is delegated to XNNPACK, one that
+        # names T is not (a portable op between delegated ones splits the layer's partition)
+        q = self.q_proj(x).view(1, -1, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_attend is not None and inplace:
             return self.o_proj(self.kv_attend(q, k, v, input_pos, mask)), k, v

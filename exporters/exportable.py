@@ -3,7 +3,8 @@
 Two I/O conventions (the contract with ``runtime/`` and the Android demo):
 
 - ``StatefulExportable`` (ExecuTorch ``.pte``): ``forward(token_ids (1,T) int64, input_pos (T,)
-  int64) -> logits (1,T,V)``; the KV cache lives in mutable buffers inside the program.
+  int64[, cache_slots (L,), logit_rows (R,)]) -> logits (1,R,V)``; the KV cache lives in mutable
+  buffers inside the program (the two optional inputs: ``graph_contract``).
 - ``ExplicitCacheExportable`` (ONNX / QNN): ``forward(token_ids, input_pos, cache_0..cache_{2L-1})
   -> (logits, cache_out_0..)``; caches are float32 ``(1, n_kv_heads, max_seq_len, head_dim)`` in
   the order k0, v0, k1, v1, ...; ``cache_out_i`` is ``(1, n_kv_heads, T, head_dim)``: this chunk's
@@ -49,11 +50,8 @@ class StatefulExportable(nn.Module):
         input_pos: Tensor,
         cache_slots: Tensor | None = None,
         logit_rows: Tensor | None = None,
-    ) -> Tensor:
-        if cache_slots is None:
-            out: Tensor = self.model(token_ids, input_pos)
-        else:
-            out = self.model(token_ids, input_pos, cache_slots, logit_rows)
+    ) -> Tensor:  # the signature torch.export reads; the model's own forward takes the same
+        out: Tensor = self.model(token_ids, input_pos, cache_slots, logit_rows)
         return out
 
 

@@ -31,9 +31,22 @@ from benchmarks.common.report import meta_lines, run_meta, write_report
 OUT = Path("reports/pte_profile")
 
 
-def trace_calls(pte: Path, context: int, calls: int, threads: int) -> tuple[Any, list[float]]:
-    """Run ``pte`` with the event tracer; returns the Inspector's frame of the decode calls and
-    their wall times (s)."""
+def call_inputs(pte_inputs: int, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
+    """The inputs of one ``forward`` call of ``ids`` (1, T) at ``start``: two for older programs,
+    four (``cache_slots``, ``logit_rows`` for every row) for those that take them
+    (``graph_contract.pte_step``)."""
+    t = ids.shape[1]
+    pos = torch.arange(start, start + t)
+    if pte_inputs == 2:
+        return ids, pos
+    return ids, pos, torch.arange(start + t), torch.zeros(t, dtype=torch.long)
+
+
+def trace_calls(
+    pte: Path, context: int, calls: int, threads: int, width: int = 1
+) -> tuple[Any, list[float]]:
+    """Run ``pte`` with the event tracer; returns the Inspector's frame of the decode calls
+    (``width`` tokens each: 1 is a decode step, more a verify call) and their wall times (s)."""
     from executorch.devtools import Inspector
     from executorch.extension.pybindings import portable_lib
 
@@ -42,12 +55,18 @@ def trace_calls(pte: Path, context: int, calls: int, threads: int) -> tuple[Any,
     executorch_runtime()  # the quantized and llama kernels registered
     portable_lib._unsafe_reset_threadpool(threads)
     module = portable_lib._load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
+    n_inputs = (
+        int(module.run_method("get_forward_inputs", ())[0])
+        if "get_forward_inputs" in (module.method_names())
+        else 2
+    )
     ids = torch.tensor([[5 + (i * 37) % 300 for i in range(context)]])  # ids of any vocabulary
-    module.run_method("forward", (ids, torch.arange(context)))
+    module.run_method("forward", call_inputs(n_inputs, ids, 0))
+    step = torch.full((1, width), 11)
     walls = []
-    for i in range(calls):
+    for _ in range(calls):  # each call rewrites the same slots: a verify call rolled back
         t0 = time.perf_counter()
-        module.run_method("forward", (torch.tensor([[11]]), torch.tensor([context + i])))
+        module.run_method("forward", call_inputs(n_inputs, step, context))
         walls.append(time.perf_counter() - t0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.etdp"
@@ -93,12 +112,12 @@ def kernel_ms(kernels: dict[str, dict[str, float]], op: str) -> float | None:
     return None if hit is None else hit["ms"]
 
 
-def profile(pte: Path, context: int, calls: int, threads: int) -> dict[str, Any]:
+def profile(pte: Path, context: int, calls: int, threads: int, width: int = 1) -> dict[str, Any]:
     from omnidraft_deploy.exporters.xnnpack.lower import program_ops
 
-    frame, walls = trace_calls(pte, context, calls, threads)
+    frame, walls = trace_calls(pte, context, calls, threads, width)
     kernels = per_call(frame)
-    return {"pte": str(pte), "context": context, "calls": calls,
+    return {"pte": str(pte), "context": context, "calls": calls, "width": width,
             "wall_ms_median": 1e3 * statistics.median(walls),
             "program_ops": program_ops(pte.read_bytes()), "delegate_ops": delegate_ops(frame),
             "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["ms"]))}  # fmt: skip
@@ -109,7 +128,7 @@ def markdown(data: dict[str, Any]) -> str:
     portable = {k: v for k, v in r["program_ops"].items() if k != "DelegateCall"}
     lines = [f"# Per-call profile of `{r['pte']}` at context {r['context']}", "",
              *meta_lines(data["meta"]),
-             f"Wall time of a 1-token call (median of {r['calls']}): {r['wall_ms_median']:.2f} ms. "
+             f"Wall time of a {r.get('width', 1)}-token call (median of {r['calls']}): {r['wall_ms_median']:.2f} ms. "
              f"Delegate calls per call: {r['program_ops'].get('DelegateCall', 0)}; portable "
              f"instructions per call: {sum(portable.values())}.", "",
              "| kernel (portable) | per call | ms per call |", "|---|---|---|"]  # fmt: skip
@@ -131,14 +150,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--width", type=int, default=1, help="tokens per call (>1: a verify call)")
     ap.add_argument("--name", default="")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     load0 = os.getloadavg()
-    result = profile(a.pte, a.context, a.calls, a.threads)
+    result = profile(a.pte, a.context, a.calls, a.threads, a.width)
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0), "result": result}
     a.out.mkdir(parents=True, exist_ok=True)
-    name = a.name or f"{a.pte.parent.name}_{a.pte.stem}_ctx{a.context}"
+    name = a.name or f"{a.pte.parent.name}_{a.pte.stem}_ctx{a.context}_w{a.width}"
     print(write_report(a.out / name, payload, markdown=markdown).with_suffix(".md").read_text())
 
 

@@ -1,4 +1,8 @@
-"""Recipe ``gguf4`` (XNNPACK): the eager model quantised from its GGUF's own blocks, not re-rounded.
+"""Recipes ``gguf4`` / ``gguf8`` (XNNPACK): the eager model quantised from its GGUF's own blocks.
+
+``gguf8`` holds every matrix as ``gguf4`` holds its 8-bit grids (dequantised, 8da8w per output
+channel: the 4-bit blocks re-rounded to 8 bits) and the embedding on its grid; what follows is
+``gguf4``, whose 4-bit blocks are not re-rounded.
 
 Every weight is read from the preset's GGUF as stored (``quant.gguf_grid``, one tensor at a time
 from a memory map) and checked against the eager model (the export's reference, that GGUF
@@ -68,11 +72,13 @@ class GridShare:
 
 
 def gguf_quantized(
-    model: Transformer, gguf: Path, outliers: dict[str, Tensor] | None = None
-) -> tuple[nn.Module, GridShare]:
+    model: Transformer, gguf: Path, outliers: dict[str, Tensor] | None = None,
+    four_bit: bool = True,
+) -> tuple[nn.Module, GridShare]:  # fmt: skip
     """A quantised shell of ``model`` built from ``gguf``'s blocks (see the module docstring);
     ``outliers``: module path -> input channels taken out of the int8 activations into an exact
-    fp32 side matmul (``outliers.OutlierSplitLinear``; the 4-bit codes unchanged)."""
+    fp32 side matmul (``outliers.OutlierSplitLinear``; the 4-bit codes unchanged);
+    ``four_bit`` False (recipe ``gguf8``): 4-bit blocks too at 8da8w, dequantised first."""
     import gguf as gguf_py
 
     # defines quantized_decomposed::embedding_byte / embedding_4bit (eager + export)
@@ -88,8 +94,9 @@ def gguf_quantized(
             assert isinstance(linear, nn.Linear)
             grid = _checked(_tensor(tensors, f"blk.{i}.{part}.weight", gguf), linear.weight, gguf,
                             heads.get(part, 0))  # fmt: skip
-            bits.append((grid.bits, grid.codes.size))
-            _set(quantized, f"model.layers.{i}.{path}", grid_linear(grid, linear.bias))
+            held = grid_linear(grid, linear.bias) if four_bit else _linear8(grid, linear.bias)
+            bits.append((grid.bits if four_bit else 8, grid.codes.size))
+            _set(quantized, f"model.layers.{i}.{path}", held)
     emb = _checked(_tensor(tensors, "token_embd.weight", gguf), model.model.embed_tokens.weight,
                    gguf)  # fmt: skip
     _set(quantized, "model.embed_tokens", grid_embedding(emb))

@@ -278,7 +278,8 @@ def export_pte(
         if gguf is not None:
             from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
 
-            quantized, share = gguf_quantized(model, gguf, dict(outliers or {}))
+            quantized, share = gguf_quantized(model, gguf, dict(outliers or {}),
+                                              four_bit=recipe.weight_bits == 4)
             facts["gguf_grid"] = dataclasses.asdict(share)
         else:
             quantized = quantize_eager(model, recipe, bits)

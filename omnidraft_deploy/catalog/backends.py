@@ -147,6 +147,12 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # input channels in an exact fp32 side matmul (exporters.xnnpack.outliers): eager 1.5B
         # sink rows 21.2 -> 1.69, top-1 0.929 on 12 prompts' parity rows
         _x("gguf4", 8.0, 0.6, "8da4w", 8, head="8da8w", gguf_grid=True),
+        # gguf8: the same GGUF weights (its embedding on its grid), every matrix dequantised and
+        # held at 8da8w per output channel. On an AVX2 CPU without VNNI XNNPACK's 4-bit blockwise
+        # GEMM is compute-bound: a 1536x8960 matmul of 8 rows costs 5.9x one row at qb4w, 2.4x at
+        # qc8w, and one row costs the same at both (benchmarks/matmul_kernels --backend xnnpack),
+        # so verify calls, which speculative decoding pays for, are cheaper at 8 bits
+        _x("gguf8", 8.0, 0.6, "8da8w", 8, head="8da8w", gguf_grid=True),
         # 8da8w: SmoothQuant; down_proj (SwiGLU's outlier channels) and attention's linears in fp32.
         # Max |diff| / top-1 in eager on held-out text: SmolLM2-135M (579 rows), down + o + v in
         # fp32 2.28 / 0.955 (down_proj alone 4.89, down + v 6.48, all int8 8.05); Qwen2.5-0.5B (886

@@ -33,12 +33,16 @@ from omnidraft_deploy.cli.parser import (
 def _cmd_export(args: argparse.Namespace) -> int:
     from omnidraft_deploy.resolve.out_dir import InputError
 
-    if args.target_from and not (Path(args.target_from) / "manifest.json").is_file():
-        raise InputError("--target-from", f"{args.target_from}: not a bundle (no manifest.json)")
+    for flag, given in (("--target-from", args.target_from), ("--drafter-from", args.drafter_from)):
+        if given and not (Path(given) / "manifest.json").is_file():
+            raise InputError(flag, f"{given}: not a bundle (no manifest.json)")
+    if args.target_from and args.drafter_from:
+        raise InputError("--drafter-from", "with --target-from there is nothing left to export")
     if args.target is not None and "," in args.target:
-        if args.target_from:
-            raise InputError("--target-from", "reuses the target of a one-target bundle; "
-                             "a multi-target export exports every target")  # fmt: skip
+        if args.target_from or args.drafter_from:
+            raise InputError("--target-from" if args.target_from else "--drafter-from",
+                             "reuses a graph of a one-target bundle; a multi-target export "
+                             "exports every target")  # fmt: skip
         return _cmd_export_multi(args)
     from omnidraft_deploy.resolve.context import choose_max_seq_len
     from omnidraft_deploy.resolve.export_inputs import resolve_export  # no torch import before
@@ -71,8 +75,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     )  # fmt: skip
     with library_stdout(getattr(args, "verbose", False)):
         target_from = Path(args.target_from) if args.target_from else None  # no target export
-        path = export_pair(cfg, inputs, opener=check_bundle, target_from=target_from)  # never
-        # publish what open refuses
+        drafter_from = Path(args.drafter_from) if args.drafter_from else None  # no drafter export
+        path = export_pair(
+            cfg, inputs, opener=check_bundle, target_from=target_from, drafter_from=drafter_from
+        )  # never publish what open refuses
     manifest = json.loads((path / "manifest.json").read_text())
     size = sum(f["size"] for f in manifest["files"].values()) / 1e6
     parity = manifest["graphs"]["target"].get("parity", {})

@@ -156,6 +156,9 @@ def add_export_flags(p: argparse.ArgumentParser, handler: Handler) -> None:
     p.add_argument("--target-from", metavar="BUNDLE", help="reuse this bundle's verified target "
                    "graph (same weights, backend, recipe, context): only the drafter is exported, "
                    "e.g. a drafter distilled for that target")  # fmt: skip
+    p.add_argument("--drafter-from", metavar="BUNDLE", help="reuse this bundle's verified drafter "
+                   "graph (same weights, backend, recipe, context): only the target is exported, "
+                   "e.g. the same pair under another target recipe")  # fmt: skip
     p.add_argument("--reference-prompts", type=int, metavar="N", help="record the eager target's "
                    "output (expected.json, what validate checks) on N of the shipped prompts, "
                    "spread over the tasks (default: all 12)")  # fmt: skip

@@ -81,3 +81,28 @@ def test_a_folder_that_is_not_a_bundle_is_refused_before_any_work(
     b = tmp_path / "b"
     assert export_main([*_args(pair, "d2", b), "--target-from", str(tmp_path)]) != 0
     assert "--target-from" in capsys.readouterr().err and not b.exists()
+
+
+def test_drafter_from_reuses_the_drafter_and_exports_the_target_again(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """``--drafter-from``: the same pair under another target recipe; the drafter graph and its
+    description come from the bundle, the target (and ``expected.json``) are exported anew."""
+    b = tmp_path / "b"
+    args = [*_args(pair, "d1", b), "--quantization", "int8,fp32", "--reference-prompts", "2"]
+    assert export_main([*args, "--drafter-from", str(pair["a"])]) == 0
+    ma, mb = _manifest(pair["a"]), _manifest(b)
+    assert mb["graphs"]["drafter"] == ma["graphs"]["drafter"]
+    assert mb["files"]["drafter.onnx"] == ma["files"]["drafter.onnx"]
+    assert mb["graphs"]["target"]["quantization"] == "int8"
+    assert mb["files"]["target.onnx"]["sha256"] != ma["files"]["target.onnx"]["sha256"]
+    assert mb["extras"]["drafter_from"] == str(pair["a"])
+
+
+def test_drafter_from_and_target_from_together_are_refused(
+    pair: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = tmp_path / "b"
+    a = str(pair["a"])
+    assert export_main([*_args(pair, "d1", b), "--drafter-from", a, "--target-from", a]) != 0
+    assert "nothing left to export" in capsys.readouterr().err and not b.exists()

@@ -185,6 +185,26 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     assert result["top1_agreement"] >= 0.9
 
 
+def test_a_tiny_model_exports_through_gguf8(tmp_path: Path) -> None:
+    """``gguf8``: the same GGUF, every matrix at 8da8w (no 4-bit kernel, no group-constant
+    matmul), the embedding still on its 4-bit grid; it verifies as gguf4 does."""
+    from omnidraft_deploy.exporters.exportable import graph_info
+    from omnidraft_deploy.exporters.verify import verify_artifact
+    from omnidraft_deploy.exporters.xnnpack.lower import export_pte
+
+    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    recipe = get_recipe("xnnpack", "gguf8")
+    path = tmp_path / "target.pte"
+    facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
+    assert facts["gguf_grid"]["matrices_4bit"] == 0 and facts["gguf_grid"]["matrices"] == 14
+    assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
+    assert facts["matmul_bits"] == {"linear_4bit": 0, "linear_8bit": 15, "linear_fp32": 0}
+    info = graph_info(model, SPEC, file=path.name, quantization="gguf8", seq_len=None)
+    result = verify_artifact(path, info, model, recipe, PROMPTS)
+    assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
+    assert result["top1_agreement"] >= 0.9
+
+
 def test_a_gguf_of_other_weights_is_refused(tmp_path: Path) -> None:
     from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
 

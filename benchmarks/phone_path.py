@@ -1,13 +1,17 @@
 """The phone path's target graph against the desktop one and llama.cpp: decode tok/s by context.
 
-    python -m benchmarks.phone_path --pte bundles/q15-xnn --onnx bundles/q15-onnx \
-        --gguf <the target's GGUF> --contexts 64,512,4000 --threads 2
+    python -m benchmarks.phone_path --pte bundles/q15-xnn bundles/q15-xnn8 --onnx bundles/q15-onnx \
+        --gguf <the target's GGUF> --contexts 64,512,4000 --verify-width 5 --threads 2
 
 For each context length C (``--contexts``) and each engine (the ``.pte`` target of ``--pte``
 through ExecuTorch's runtime, the ONNX target of ``--onnx`` through the runtime's ``OrtModel``,
 llama.cpp's ``Llama.eval`` on ``--gguf``): a C-token prompt of ordinary ids is prefilled from
 position 0 (timed: prefill tok/s), then ``--tokens`` greedy 1-token calls follow (each timed: the
-median is the decode figure). Engines run in one process with explicit threads (``--threads``:
+median is the decode figure); with ``--verify-width W``, ``--tokens`` calls of W tokens at the same
+position follow (a verify call, rolled back each time: what a speculative step pays the target;
+the ``.pte`` and ONNX score all W rows, llama.cpp computes the last row's logits only, so its
+figure is a lower bound). Several ``--pte`` bundles (recipes) are rows side by side, each named by
+its target recipe. Engines run in one process with explicit threads (``--threads``:
 the ExecuTorch threadpool, ORT intra-op without spinning, llama.cpp's ``n_threads``), and rows are
 interleaved round-robin (context, then engine, ``--rounds`` times) so a change in the machine's
 state reaches every engine alike; the load average is recorded beside every row. Writes
@@ -46,9 +50,22 @@ def bundle_step(bundle: Path, threads: int, role: str) -> tuple[Step, int]:
     model, info = ort_model(bundle, threads, role), target_info(bundle, role)
 
     def step(ids: list[int], start: int) -> np.ndarray:
-        return np.asarray(model.forward_tail(torch.tensor(ids), start, 1)[-1])
+        # a prefill scores its last row; a verify call (few ids) every row, as a decoder asks
+        rows = 1 if len(ids) > VERIFY_MAX else len(ids)
+        return np.asarray(model.forward_tail(torch.tensor(ids), start, rows)[-1])
 
     return step, info.max_seq_len
+
+
+VERIFY_MAX = 16  # calls of at most this many ids are verify calls (every row scored)
+
+
+def engine_name(bundle: Path, role: str) -> str:
+    """``<backend> <recipe>`` of the bundle's ``role`` graph (``xnnpack gguf8``)."""
+    import json
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    return f"{manifest['backend']} {manifest['graphs'][role]['quantization']}"
 
 
 def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
@@ -62,8 +79,9 @@ def llamacpp_step(gguf: Path, threads: int, n_ctx: int) -> tuple[Step, int]:
     return step, n_ctx
 
 
-def measure(step: Step, context: int, tokens: int) -> dict[str, float]:
-    """Prefill ``context`` tokens, then ``tokens`` greedy 1-token calls."""
+def measure(step: Step, context: int, tokens: int, width: int = 0) -> dict[str, float]:
+    """Prefill ``context`` tokens, then ``tokens`` greedy 1-token calls, then (``width`` > 0)
+    ``tokens`` calls of ``width`` ids at the next position, each rolled back."""
     t0 = time.perf_counter()
     row = step(ordinary_ids(context), 0)
     prefill_s = time.perf_counter() - t0
@@ -73,19 +91,32 @@ def measure(step: Step, context: int, tokens: int) -> dict[str, float]:
         row = step([nxt], pos)
         calls.append(time.perf_counter() - t0)
         pos, nxt = pos + 1, int(row.argmax())
-    return {"prefill_tok_s": context / prefill_s, "decode_tok_s": 1.0 / statistics.median(calls),
-            "decode_ms_p90": 1e3 * float(np.percentile(calls, 90)), "load_avg_1m": os.getloadavg()[0]}  # fmt: skip
+    out = {"prefill_tok_s": context / prefill_s, "decode_tok_s": 1.0 / statistics.median(calls),
+           "decode_ms_p90": 1e3 * float(np.percentile(calls, 90))}  # fmt: skip
+    if width:
+        wide = []
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            step(ordinary_ids(width), pos)
+            wide.append(time.perf_counter() - t0)
+        out |= {
+            "verify_width": width,
+            "verify_ms": 1e3 * statistics.median(wide),
+            "verify_over_decode": statistics.median(wide) / statistics.median(calls),
+        }
+    return out | {"load_avg_1m": os.getloadavg()[0]}
 
 
 def run(engines: dict[str, tuple[Step, int]], contexts: list[int], tokens: int,
-        rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+        rounds: int, width: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     rows = []
     for r in range(rounds):
         for c in contexts:
             for name, (step, slots) in engines.items():
                 if c + tokens + 1 > slots:
                     continue
-                rows.append({"engine": name, "context": c, "round": r} | measure(step, c, tokens))
+                rows.append({"engine": name, "context": c, "round": r}
+                            | measure(step, c, tokens, width))  # fmt: skip
                 print(rows[-1], flush=True)
     return rows
 
@@ -99,6 +130,10 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"engine": engine, "context": ctx,
                     "decode_tok_s": statistics.median(r["decode_tok_s"] for r in mine),
                     "prefill_tok_s": statistics.median(r["prefill_tok_s"] for r in mine),
+                    **({"verify_ms": statistics.median(r["verify_ms"] for r in mine),
+                        "verify_over_decode": statistics.median(
+                            r["verify_over_decode"] for r in mine)}
+                       if "verify_ms" in mine[0] else {}),
                     "load_avg_1m": [round(r["load_avg_1m"], 2) for r in mine]})  # fmt: skip
     return out
 
@@ -115,9 +150,14 @@ def markdown(data: dict[str, Any]) -> str:
         vals = [cell.get((e, c)) for e in engines]
         lines.append(f"| {c} | " + " | ".join(
             "-" if v is None else f"{v['decode_tok_s']:.1f} (prefill {v['prefill_tok_s']:.0f})"
+            + (f", verify {v['verify_ms']:.0f} ms = {v['verify_over_decode']:.1f}x"
+               if "verify_ms" in v else "")
             for v in vals) + " |")  # fmt: skip
-    lines += ["", "Decode: median of 1-token calls; prefill: one call over the context. "
-              "Load averages per row are in the JSON."]  # fmt: skip
+    width = next((r["verify_width"] for r in data["rows"] if "verify_width" in r), 0)
+    lines += ["", "Decode: median of 1-token calls; prefill: one call over the context"
+              + (f"; verify: median of {width}-token calls at the next position (rolled back), "
+                 "and its cost in 1-token calls (llama.cpp scores the last row only)" if width
+                 else "") + ". Load averages per row are in the JSON."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +175,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pte", type=Path, help="bundle with an XNNPACK .pte target")
+    ap.add_argument("--pte", type=Path, nargs="+", default=[],
+                    help="bundles with an XNNPACK .pte target (one row each)")  # fmt: skip
     ap.add_argument("--onnx", type=Path, help="bundle with an ONNX target")
     ap.add_argument("--gguf", type=Path, help="llama.cpp on this GGUF")
     ap.add_argument("--role", default="target", choices=("target", "drafter"),
@@ -143,19 +184,18 @@ def main() -> None:
     ap.add_argument("--contexts", default="64,512,4000")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--verify-width", type=int, default=0, help="time W-token calls too")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     contexts = [int(c) for c in a.contexts.split(",")]
     load0 = os.getloadavg()
     engines: dict[str, tuple[Step, int]] = {}
-    if a.pte:
-        engines["xnnpack .pte"] = bundle_step(a.pte, a.threads, a.role)
-    if a.onnx:
-        engines["onnx"] = bundle_step(a.onnx, a.threads, a.role)
+    for bundle in [*a.pte, *([a.onnx] if a.onnx else [])]:
+        engines[engine_name(bundle, a.role)] = bundle_step(bundle, a.threads, a.role)
     if a.gguf:
         engines["llama.cpp"] = llamacpp_step(a.gguf, a.threads, max(contexts) + a.tokens + 8)
-    rows = run(engines, contexts, a.tokens, a.rounds)
+    rows = run(engines, contexts, a.tokens, a.rounds, a.verify_width)
     payload = {"meta": run_meta(threads=a.threads, load_avg_start=load0) | {"role": a.role},
                "rows": rows,
                "summary": summary(rows)}  # fmt: skip

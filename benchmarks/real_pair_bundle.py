@@ -194,6 +194,7 @@ def cmd_run(a: argparse.Namespace) -> None:
     target = bundle.manifest.graphs["target"]
     meta = {**run_meta(threads=a.threads), **res.meta, "tasks": a.tasks,
             "ort_spinning": a.ort_spinning, "target_quant": target.quantization,
+            "target_backend": bundle.manifest.backend,
             "target": target.preset, "bundle": str(a.bundle), "family_bundle": a.family_bundle, "kd_bundle": a.kd_bundle,
             "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "modes": a.modes,
             "load_s": load_s, "load_avg_run_start": load0,

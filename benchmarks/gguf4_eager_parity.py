@@ -42,7 +42,8 @@ def outlier_quantized(spec: Any, model: Any, split: tuple[str, ...], k: int,
     """``model`` on its GGUF grid (``gguf_quantized``: the shell, its grid share), ``split``'s
     linears with ``k`` outlier input channels chosen on ``n_calib`` calibration prompts (the
     third item: linear path -> channels; empty without ``split``)."""
-    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file, gguf_quantized
+    from omnidraft_deploy.exporters.quant.gguf_grid import gguf_file
+    from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_quantized
 
     channels = {}
     if split:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omnidraft_deploy.exporters.exportable import graph_info
+from omnidraft_deploy.exporters.quant.gguf_grid import gguf_file
 from omnidraft_deploy.exporters.registry import register
 
 from omnidraft_deploy.bundle.sections import GraphInfo
@@ -81,7 +82,7 @@ def export_onnx_graph(
         swappable=swappable,
         fused=fused,
         invariant=invariant,
-        gguf=_gguf_file(spec) if recipe.gguf_grid else None,
+        gguf=gguf_file(spec) if recipe.gguf_grid else None,
         outliers=outliers,
     )
     extras: dict[str, Any] = {
@@ -100,13 +101,3 @@ def export_onnx_graph(
         "ort_mobile_file": ort_file.name,
         "ort_mobile_bytes": ort_file.stat().st_size,
     }
-
-
-def _gguf_file(spec: ModelSpec) -> Path:
-    """The preset's pinned GGUF (a ``gguf_grid`` recipe reads its blocks; ``gguf_grids`` checks
-    every tensor against the loaded model, so weights given with ``--model`` must be this file)."""
-    from omnidraft_deploy.catalog.assets import asset_path
-
-    if not spec.gguf_asset:
-        raise ValueError(f"preset {spec.name!r} has no GGUF: a gguf_grid recipe needs one")
-    return asset_path(spec.gguf_asset)

@@ -28,9 +28,13 @@ Pure numpy (and the ``gguf`` package for the fallback and the Q4_K scale unpacki
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from omnidraft_deploy.catalog.presets import ModelSpec
 
 QK_K = 256  # super-block of the K-quants
 # a GGUF block's linear weights (``blk.<i>.<part>.weight``) -> the eager module in a layer
@@ -196,3 +200,19 @@ def tensor_grid(tensor: Any) -> Grid:
     from gguf.quants import dequantize
 
     return rounded8(dequantize(raw, tensor.tensor_type), kind)
+
+
+def gguf_file(spec: ModelSpec) -> Path:
+    """The GGUF whose blocks a ``gguf_grid`` recipe reads: the user's own file the weights came
+    from (``--model X.gguf``), else the preset's pinned one. Every tensor is then checked against
+    the loaded model, so weights of another file are refused, naming the tensor."""
+    if spec.gguf_path:
+        return Path(spec.gguf_path)
+    if not spec.gguf_asset:
+        raise ValueError(
+            f"{spec.name!r} has no GGUF: a gguf_grid recipe (gguf4, gguf8) reads the weights' own "
+            "blocks; export from a .gguf file (--model X.gguf) or choose another --quantization"
+        )
+    from omnidraft_deploy.catalog.assets import asset_path
+
+    return asset_path(spec.gguf_asset)

@@ -61,7 +61,7 @@ def export_xnnpack(
             }
     gguf, outliers = None, None
     if recipe.gguf_grid:  # the quantised model is built from the GGUF's own blocks
-        from omnidraft_deploy.exporters.xnnpack.gguf_quant import gguf_file
+        from omnidraft_deploy.exporters.quant.gguf_grid import gguf_file
         from omnidraft_deploy.exporters.xnnpack.spill import spill_weights
 
         gguf = gguf_file(spec)

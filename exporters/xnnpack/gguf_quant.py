@@ -39,24 +39,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, llama_rows, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import (
+    LINEARS,
+    Grid,
+    llama_rows,
+    tensor_grid,
+)
 from omnidraft_deploy.exporters.xnnpack.eager_quant import Int4GroupLinear, torchao_8da
 from torch import Tensor, nn
 
-from omnidraft_deploy.catalog.presets import ModelSpec
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
 CHECK_ROWS = 64  # rows of each tensor compared with the eager model
-
-
-def gguf_file(spec: ModelSpec) -> Path:
-    """The preset's pinned GGUF (whose blocks the recipe reads; each checked against the model)."""
-    from omnidraft_deploy.catalog.assets import asset_path
-
-    if not spec.gguf_asset:
-        raise ValueError(f"preset {spec.name!r} has no GGUF: a gguf_grid recipe needs one")
-    return asset_path(spec.gguf_asset)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,24 @@ BACKENDS: dict[Backend, BackendInfo] = {
 }  # fmt: skip
 
 
+# recipe for weights published as GGUF, where no --quantization is given (``default_quantization``):
+# the weights' own blocks. XNNPACK gguf4 on the 1.5B: decode 0.91 / 0.81 / 0.64x llama.cpp at 64 /
+# 512 / 4,000 tokens, >= 1.25x ONNX w8a8, top-1 0.957; gguf8 decodes 0.81 / 0.74 / 0.54x but its
+# verify calls cost 1.6-1.9 one-token calls, not 2.1-2.8, on an AVX2 CPU without VNNI
+# (reports/xnnpack_llm/phone_path.md); on a phone's ARM cores, 4-bit kernels are not compute-bound
+GGUF_DEFAULTS: dict[Backend, str] = {Backend.XNNPACK: "gguf4"}
+
+
+def default_quantization(backend: str, target_gguf: bool, drafter_gguf: bool) -> tuple[str, str]:
+    """``(target recipe, drafter recipe)`` when the user names none: a role whose weights are a
+    GGUF gets the backend's GGUF recipe where it has one (``GGUF_DEFAULTS``), else the backend's
+    default."""
+    info = get_backend(backend)
+    gguf = GGUF_DEFAULTS.get(info.backend, info.default_quantization)
+    return (gguf if target_gguf else info.default_quantization,
+            gguf if drafter_gguf else info.default_quantization)  # fmt: skip
+
+
 def _x(name: str, tol: float, top1: float, linear: str, emb: int = 0, *, head: str = "",
        fp32_linears: tuple[str, ...] = (), smooth: bool = False,
        int4_plan: bool = False, gguf_grid: bool = False) -> QuantRecipe:  # fmt: skip

@@ -129,6 +129,7 @@ class ModelSpec:
     gguf_asset: str | None = (
         None  # key in omnidraft_deploy.catalog.assets for a pinned offline GGUF
     )
+    gguf_path: str | None = None  # the user's own .gguf the weights were read from (``--model``)
     tiny_of: str | None = None  # for tiny presets: the real preset this one mirrors
     source: Source = Source.HF  # where the weights come from (module docstring)
     pretrain: PretrainSchedule | None = None  # the schedule of a pretrain-source preset

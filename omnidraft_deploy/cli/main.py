@@ -47,8 +47,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from omnidraft_deploy.resolve.context import choose_max_seq_len
     from omnidraft_deploy.resolve.export_inputs import resolve_export  # no torch import before
 
-    quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
-                               ).partition(",")  # fmt: skip
+    quant, _, drafter_quant = (args.quantization or _default_quantization(args)).partition(",")
     from omnidraft_deploy.resolve.weights_spec import own_name
 
     name = own_name(args.model) if args.target is None and args.model else args.target
@@ -90,6 +89,31 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_quantization(args: argparse.Namespace) -> str:
+    """``TARGET,DRAFTER`` recipes when ``--quantization`` is not given: weights that are a GGUF
+    (``--model X.gguf``, or a preset pinned to one) keep their own blocks where the backend has
+    such a recipe (``backends.default_quantization``); said on stderr when it applies."""
+    from omnidraft_deploy.catalog.backends import default_quantization
+    from omnidraft_deploy.catalog.presets import Source, get_preset
+
+    def gguf(weights: str | None, preset: str | None) -> bool:
+        if weights:
+            return str(weights).endswith(".gguf")
+        try:
+            return preset is not None and get_preset(preset).source is Source.GGUF
+        except KeyError:
+            return False  # an unknown preset is refused, listing the valid ones, further on
+
+    target, drafter = default_quantization(args.backend, gguf(args.model, args.target),
+                                           gguf(args.drafter_model, args.drafter))  # fmt: skip
+    plain = get_backend(args.backend).default_quantization
+    if (target, drafter) != (plain, plain):
+        print(f"note: --quantization {target},{drafter}: the {args.backend} default for GGUF "
+              "weights (their own blocks; `omnidraft-export --help` lists the recipes)",
+              file=sys.stderr)  # fmt: skip
+    return f"{target},{drafter}"
+
+
 def _left_out(args: argparse.Namespace) -> list[str]:
     """What an export leaves out on request, said before it starts (``make demo`` sizes its
     export for a demo with ``--reference-prompts``)."""
@@ -110,8 +134,7 @@ def _cmd_export_multi(args: argparse.Namespace) -> int:
     from omnidraft_deploy.resolve.export_inputs import resolve_export
 
     targets = tuple(t.strip() for t in args.target.split(","))
-    quant, _, drafter_quant = (args.quantization or get_backend(args.backend).default_quantization
-                               ).partition(",")  # fmt: skip
+    quant, _, drafter_quant = (args.quantization or _default_quantization(args)).partition(",")
     out = Path(args.out or f"bundles/{'+'.join(targets)}-{args.backend}")
     inputs = [resolve_export(target=t, drafter=args.drafter, model=args.model,
                              drafter_model=args.drafter_model, out_dir=out, force=args.force,

@@ -118,8 +118,9 @@ def read_weights_spec(path: str | Path, role: Role, *, tokenizer: str,
     path = Path(path)
     family, own, dims = _read(path)
     try:
+        gguf = str(path.resolve()) if path.suffix == ".gguf" else None
         return ModelSpec(plain_name(name or own), role, family, tokenizer, source=Source.WEIGHTS,
-                         **dims)  # fmt: skip
+                         gguf_path=gguf, **dims)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
 

@@ -136,3 +136,42 @@ def test_every_recipe_package_ships_in_the_wheel() -> None:
     for init in sorted(EXPORTERS_DIR.rglob("__init__.py")):
         rel = init.parent.relative_to(EXPORTERS_DIR).parts
         assert ".".join(("omnidraft_deploy", "exporters", *rel)) in packages
+
+
+def test_gguf_weights_default_to_their_own_blocks_on_xnnpack() -> None:
+    from omnidraft_deploy.catalog.backends import default_quantization
+
+    assert default_quantization("xnnpack", True, True) == ("gguf4", "gguf4")
+    assert default_quantization("xnnpack", True, False) == ("gguf4", "fp32")
+    assert default_quantization("onnx", True, True) == ("fp32", "fp32")  # no GGUF default there
+    with pytest.raises(KeyError, match="choose from"):
+        default_quantization("tpu", True, True)
+
+
+def test_the_export_says_which_default_it_chose(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from omnidraft_deploy.cli.main import _default_quantization
+
+    args = argparse.Namespace(backend="xnnpack", model="/m/Qwen2.5-Coder-1.5B-Q4_K_M.gguf",
+                              target=None, drafter_model=None, drafter="smollm2-135m")  # fmt: skip
+    assert _default_quantization(args) == "gguf4,gguf4"  # SmolLM2's preset is pinned to a GGUF
+    assert "--quantization gguf4,gguf4" in capsys.readouterr().err
+    args = argparse.Namespace(backend="xnnpack", model=None, target="tiny-llama3-8b",
+                              drafter_model=None, drafter=None)  # fmt: skip
+    assert _default_quantization(args) == "fp32,fp32"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_gguf_recipe_reads_the_users_own_file_else_the_pinned_one(tmp_path: Path) -> None:
+    import dataclasses
+
+    from omnidraft_deploy.exporters.quant.gguf_grid import gguf_file
+
+    from omnidraft_deploy.catalog.presets import get_preset
+
+    tiny = get_preset("tiny-qwen2-7b")
+    own = dataclasses.replace(tiny, gguf_path=str(tmp_path / "mine.gguf"))
+    assert gguf_file(own) == tmp_path / "mine.gguf"
+    with pytest.raises(ValueError, match=r"--model X\.gguf"):
+        gguf_file(tiny)

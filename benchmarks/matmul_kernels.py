@@ -1,7 +1,7 @@
 """What one weight matmul costs on ONNX Runtime's (or XNNPACK's) CPU kernels as the row count T grows.
 
     .venv/bin/python -m benchmarks.matmul_kernels [--threads 2] [--out reports/matmul_kernels/matmul_kernels.json]
-    .venv/bin/python -m benchmarks.matmul_kernels --backend xnnpack --out reports/matmul_kernels/matmul_kernels_xnnpack.json
+    .venv/bin/python -m benchmarks.matmul_kernels --executorch --out reports/matmul_kernels/matmul_kernels_xnnpack.json
 
 Verification feeds T = 1 + proposals rows where decoding feeds 1, so a kernel's cost per extra row
 is the verification-width term of the cost model. Each single-node graph multiplies (1, T, K) by a
@@ -13,7 +13,7 @@ Qwen2.5-0.5B weight shape: gate|up 896x9728, down 4864x896, lm_head 896x151936, 
   (``onnx_fused.GraphWriter.linear_rows``, the same nodes);
 - ``fp32``: ``MatMul``.
 
-``--backend xnnpack``: a one-linear ``.pte`` (T dynamic, lowered by ExecuTorch's XNNPACK
+``--executorch``: a one-linear ``.pte`` (T dynamic, lowered by ExecuTorch's XNNPACK
 partitioner, run through its runtime) of each Qwen2.5-1.5B shape (q|o 1536x1536, gate|up
 1536x8960, down 8960x1536), as the XNNPACK recipes hold it:
 
@@ -126,7 +126,8 @@ def xnnpack_calls(work: Path, threads: int) -> dict[tuple[str, str], Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--backend", choices=("onnx", "xnnpack"), default="onnx")
+    ap.add_argument("--executorch", action="store_true",
+                    help="XNNPACK .pte kernels (ExecuTorch) instead of ONNX Runtime's")  # fmt: skip
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("reports/matmul_kernels/matmul_kernels.json"))
@@ -135,7 +136,7 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     rows = [int(t) for t in a.rows.split(",")]
     load0 = os.getloadavg()
-    if a.backend == "xnnpack":
+    if a.executorch:
         calls = xnnpack_calls(a.work, a.threads)
         times = interleaved({(kern, shape, t): partial(call, t) for t in rows
                              for (kern, shape), call in calls.items()}, a.reps)  # fmt: skip
@@ -145,7 +146,8 @@ def main() -> None:
         kernels, shapes = tuple(KERNELS), tuple(SHAPES)
     meta = run_meta(threads=a.threads, load_avg_start=load0)
     result: dict[str, Any] = {"meta": meta, "threads": a.threads, "load_avg_start": load0,
-                              "load_avg_end": meta["load_avg_end"], "backend": a.backend,
+                              "load_avg_end": meta["load_avg_end"],
+                              "runtime": "executorch" if a.executorch else "onnxruntime",
                               "ms": {}}  # fmt: skip
     print(f"{'kernel':8} {'shape':8} " + " ".join(f"T={t:<6}" for t in rows) + "  (ms, median)")
     for kern in kernels:

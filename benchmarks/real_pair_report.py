@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks.common import report
 from benchmarks.render_reports import TASKS, ordered_tasks, real_pair_png
+from omnidraft_deploy.catalog.backends import get_backend
 from omnidraft_deploy.speculative.cost import CostProfile
 
 
@@ -218,9 +219,6 @@ def _chunk_line(m: dict[str, Any]) -> str:
             f"{machine.get('cpu', '-')} ({machine.get('cpus', '-')} CPUs)")  # fmt: skip
 
 
-RUNTIMES = {"onnx": "ONNX Runtime", "xnnpack": "ExecuTorch (XNNPACK .pte)", "qnn": "ONNX Runtime QNN"}
-
-
 def to_markdown(d: dict[str, Any]) -> str:
     """The report from its JSON: per chunk its run, the cost profile, the cost-model terms of
     every speculative configuration, and one table per task."""
@@ -228,8 +226,8 @@ def to_markdown(d: dict[str, Any]) -> str:
     profs = {n: CostProfile.from_json(json.dumps(v)) for n, v in d["profiles"].items()}
     quant = metas[0].get("target_quant", "int8")
     target = metas[0].get("target", "qwen2.5-0.5b")
-    runtime = RUNTIMES.get(metas[0].get("target_backend", "onnx"), "ONNX Runtime")
-    lines = [f"# real_pair: {target} target on {runtime} ({quant} graph)", ""]
+    graph = get_backend(metas[0].get("target_backend", "onnx")).graph
+    lines = [f"# real_pair: {target} target as {graph} ({quant} graph)", ""]
     lines += [_chunk_line(m) for m in metas]
     stat = "means" if "--profile-stat mean" in metas[0].get("command", "") else "medians"
     lines += ["", f"## Cost profile (ms, {stat} of interleaved calls, first chunk)", "",

@@ -168,7 +168,7 @@ RECIPES: dict[tuple[Backend, str], QuantRecipe] = {
         # gguf8: the same GGUF weights (its embedding on its grid), every matrix dequantised and
         # held at 8da8w per output channel. On an AVX2 CPU without VNNI XNNPACK's 4-bit blockwise
         # GEMM is compute-bound: a 1536x8960 matmul of 8 rows costs 5.9x one row at qb4w, 2.4x at
-        # qc8w, and one row costs the same at both (benchmarks/matmul_kernels --backend xnnpack),
+        # qc8w, and one row costs the same at both (benchmarks/matmul_kernels --executorch),
         # so verify calls, which speculative decoding pays for, are cheaper at 8 bits
         _x("gguf8", 8.0, 0.6, "8da8w", 8, head="8da8w", gguf_grid=True),
         # 8da8w: SmoothQuant; down_proj (SwiGLU's outlier channels) and attention's linears in fp32.

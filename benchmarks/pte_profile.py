@@ -27,19 +27,9 @@ from typing import Any
 import torch
 
 from benchmarks.common.report import meta_lines, run_meta, write_report
+from omnidraft_deploy.bundle.graph_contract import pte_inputs
 
 OUT = Path("reports/pte_profile")
-
-
-def call_inputs(pte_inputs: int, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
-    """The inputs of one ``forward`` call of ``ids`` (1, T) at ``start``: two for older programs,
-    four (``cache_slots``, ``logit_rows`` for every row) for those that take them
-    (``graph_contract.pte_step``)."""
-    t = ids.shape[1]
-    pos = torch.arange(start, start + t)
-    if pte_inputs == 2:
-        return ids, pos
-    return ids, pos, torch.arange(start + t), torch.zeros(t, dtype=torch.long)
 
 
 def trace_calls(
@@ -61,12 +51,12 @@ def trace_calls(
         else 2
     )
     ids = torch.tensor([[5 + (i * 37) % 300 for i in range(context)]])  # ids of any vocabulary
-    module.run_method("forward", call_inputs(n_inputs, ids, 0))
-    step = torch.full((1, width), 11)
+    module.run_method("forward", pte_inputs(n_inputs, ids, torch.arange(context)))
+    step, pos = torch.full((1, width), 11), torch.arange(context, context + width)
     walls = []
     for _ in range(calls):  # each call rewrites the same slots: a verify call rolled back
         t0 = time.perf_counter()
-        module.run_method("forward", call_inputs(n_inputs, step, context))
+        module.run_method("forward", pte_inputs(n_inputs, step, pos))
         walls.append(time.perf_counter() - t0)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.etdp"

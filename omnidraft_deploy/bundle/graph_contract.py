@@ -264,12 +264,23 @@ def pte_step(
     cut from all T by older ones: module docstring)."""
     import torch
 
-    t = len(input_pos)
-    inputs = [torch.from_numpy(token_ids), torch.from_numpy(input_pos)]
-    if method.metadata.num_inputs() == PTE_INPUTS_WITH_SPANS:
-        inputs += [torch.arange(int(input_pos[0]) + t), torch.zeros(rows or t, dtype=torch.long)]
+    inputs = pte_inputs(method.metadata.num_inputs(), torch.from_numpy(token_ids),
+                        torch.from_numpy(input_pos), rows)  # fmt: skip
     out = np.asarray(method.execute(inputs)[0][0].float().numpy())
     return out if rows is None else out[-rows:]
+
+
+def pte_inputs(n_inputs: int, token_ids: Any, input_pos: Any, rows: int | None = None) -> list[Any]:
+    """The ``forward`` inputs of ``token_ids`` (1, T) at ``input_pos`` (T,) (torch tensors) for a
+    program taking ``n_inputs``: the spans (``cache_slots``, ``logit_rows``: the last ``rows``
+    rows, default all T) where it takes them (module docstring)."""
+    import torch
+
+    inputs = [token_ids, input_pos]
+    if n_inputs == PTE_INPUTS_WITH_SPANS:
+        t = len(input_pos)
+        inputs += [torch.arange(int(input_pos[0]) + t), torch.zeros(rows or t, dtype=torch.long)]
+    return inputs
 
 
 def pte_constants(program: Any) -> dict[str, Any]:

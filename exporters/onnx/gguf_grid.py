@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, llama_rows, tensor_grid
+from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, checked_grid
 
 from omnidraft_deploy.reference.model import Transformer
 
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 # output: decode (T = 1) and verification (T = k + 1) rows are then the same bits, and greedy
 # speculative output is target-only output. The 8-bit kernel needs no pad (invariant as it is).
 ROW_PAD = 1
-CHECK_ROWS = 64  # rows of each tensor compared with the eager model
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations per block, integer dot products
 _PARTS = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
           "gate_up": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}  # fmt: skip
@@ -80,36 +79,10 @@ def gguf_grids(model: Transformer, gguf: Path) -> dict[str, list[Grid]]:
             if key not in tensors:
                 raise ValueError(f"{gguf}: no tensor {key!r} for {name} (is it this model's GGUF?)")
             n_heads = heads.get(key.split(".")[-2], 0)
-            out[name].append(_checked(tensors[key], eager[param].detach().numpy(), gguf, n_heads))
+            out[name].append(
+                checked_grid(tensors[key], eager[param].detach().numpy(), gguf, n_heads)
+            )
     return out
-
-
-def _checked(tensor: Any, weight: np.ndarray, gguf: Path, n_heads: int = 0) -> Grid:
-    """``tensor``'s grid, after checking that it dequantises to the eager weight on ``CHECK_ROWS``
-    rows spread over the matrix (a wrong file or layout differs everywhere; a full comparison
-    would dequantise the whole model once more); ``n_heads``: a q/k projection, which llama
-    GGUFs store with permuted rows (tried second)."""
-    grid = tensor_grid(tensor)
-    n = grid.codes.shape[0]
-    sample = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).astype(np.int64))
-
-    def same(g: Grid) -> bool:
-        return grid.codes.shape == weight.shape and np.allclose(
-            g.rows(sample).dequantize(), weight[sample], rtol=0, atol=1e-6
-        )
-
-    if same(grid):
-        return grid
-    if (
-        n_heads
-        and grid.codes.shape == weight.shape
-        and same(g := grid.rows(llama_rows(n, n_heads)))
-    ):
-        return g
-    raise ValueError(
-        f"{gguf}: tensor {tensor.name} ({grid.source} {grid.codes.shape}) does not match the "
-        f"loaded model's weight {weight.shape}: export gguf4 from the GGUF the model was loaded from"
-    )
 
 
 def share_at_4_bits(grids: dict[str, list[Grid]]) -> dict[str, int]:

@@ -202,6 +202,39 @@ def tensor_grid(tensor: Any) -> Grid:
     return rounded8(dequantize(raw, tensor.tensor_type), kind)
 
 
+CHECK_ROWS = 64  # rows of each tensor compared with the eager model
+
+
+def checked_grid(tensor: Any, weight: np.ndarray, gguf: Path, n_heads: int = 0) -> Grid:
+    """``tensor``'s grid, after checking that it dequantises to the eager ``weight`` on
+    ``CHECK_ROWS`` rows spread over the matrix (a wrong file or layout differs everywhere; a full
+    comparison would dequantise the whole model once more). A grid read as stored must match to
+    fp32 rounding; one re-rounded to 8 bits (``rounded8``: Q5_0, F16, ...) within half its step,
+    what rounding to nearest leaves. ``n_heads``: a q/k projection, which llama GGUFs store with
+    permuted rows (tried second). Raises ``ValueError`` naming the file and the tensor."""
+    grid = tensor_grid(tensor)
+    n = grid.codes.shape[0]
+    sample = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).astype(np.int64))
+
+    def same(g: Grid) -> bool:
+        if g.codes.shape != weight.shape:
+            return False
+        rows = g.rows(sample)
+        tol: np.ndarray | float = 1e-6
+        if "->" in g.source:  # re-rounded: each weight moved by at most half a step
+            tol = 1e-6 + np.repeat(np.abs(rows.scales()), g.block, axis=1) / 2
+        return bool(np.all(np.abs(rows.dequantize() - weight[sample]) <= tol))
+
+    if same(grid):
+        return grid
+    if n_heads and same(g := grid.rows(llama_rows(n, n_heads))):
+        return g
+    raise ValueError(
+        f"{gguf}: tensor {tensor.name} ({grid.source} {grid.codes.shape}) does not match the "
+        f"loaded model's weight {weight.shape}: export gguf4 from the GGUF the model was loaded from"
+    )
+
+
 def gguf_file(spec: ModelSpec) -> Path:
     """The GGUF whose blocks a ``gguf_grid`` recipe reads: the user's own file the weights came
     from (``--model X.gguf``), else the preset's pinned one. Every tensor is then checked against

@@ -39,19 +39,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from omnidraft_deploy.exporters.quant.gguf_grid import (
-    LINEARS,
-    Grid,
-    llama_rows,
-    tensor_grid,
-)
+from omnidraft_deploy.exporters.quant.gguf_grid import LINEARS, Grid, checked_grid
 from omnidraft_deploy.exporters.xnnpack.eager_quant import Int4GroupLinear, torchao_8da
 from torch import Tensor, nn
 
 from omnidraft_deploy.reference.model import Transformer
 
 log = logging.getLogger(__name__)
-CHECK_ROWS = 64  # rows of each tensor compared with the eager model
 
 
 @dataclass(frozen=True)
@@ -87,17 +81,25 @@ def gguf_quantized(
         for part, path in LINEARS.items():
             linear = layer.get_submodule(path)
             assert isinstance(linear, nn.Linear)
-            grid = _checked(_tensor(tensors, f"blk.{i}.{part}.weight", gguf), linear.weight, gguf,
-                            heads.get(part, 0))  # fmt: skip
+            grid = checked_grid(
+                _tensor(tensors, f"blk.{i}.{part}.weight", gguf),
+                linear.weight.detach().numpy(),
+                gguf,
+                heads.get(part, 0),
+            )
             held = grid_linear(grid, linear.bias) if four_bit else _linear8(grid, linear.bias)
             bits.append((grid.bits if four_bit else 8, grid.codes.size))
             _set(quantized, f"model.layers.{i}.{path}", held)
-    emb = _checked(_tensor(tensors, "token_embd.weight", gguf), model.model.embed_tokens.weight,
-                   gguf)  # fmt: skip
+    emb = checked_grid(
+        _tensor(tensors, "token_embd.weight", gguf),
+        model.model.embed_tokens.weight.detach().numpy(),
+        gguf,
+    )
     _set(quantized, "model.embed_tokens", grid_embedding(emb))
     head_grid = emb
     if "output.weight" in tensors:
-        head_grid = _checked(tensors["output.weight"], model.lm_head.weight, gguf)
+        head_grid = checked_grid(tensors["output.weight"], model.lm_head.weight.detach().numpy(),
+                                 gguf)  # fmt: skip
     quantized.lm_head = _linear8(head_grid, None)
     if outliers:
         from omnidraft_deploy.exporters.xnnpack.outliers import split_outliers
@@ -126,33 +128,6 @@ def _tensor(tensors: dict[str, Any], key: str, gguf: Path) -> Any:
     if key not in tensors:
         raise ValueError(f"{gguf}: no tensor {key!r} (is it this model's GGUF?)")
     return tensors[key]
-
-
-def _checked(tensor: Any, weight: Tensor, gguf: Path, n_heads: int = 0) -> Grid:
-    """``tensor``'s grid once it dequantises to the eager ``weight`` on ``CHECK_ROWS`` rows spread
-    over the matrix; ``n_heads``: a q/k projection, which llama GGUFs store with permuted rows."""
-    grid = tensor_grid(tensor)
-    w = weight.detach()
-    n = grid.codes.shape[0]
-    sample = np.unique(np.linspace(0, n - 1, min(n, CHECK_ROWS)).astype(np.int64))
-
-    def same(g: Grid) -> bool:
-        return g.codes.shape == tuple(w.shape) and np.allclose(
-            g.rows(sample).dequantize(), w[torch.from_numpy(sample)].numpy(), rtol=0, atol=1e-6
-        )
-
-    if same(grid):
-        return grid
-    if (
-        n_heads
-        and grid.codes.shape == tuple(w.shape)
-        and same(g := grid.rows(llama_rows(n, n_heads)))
-    ):
-        return g
-    raise ValueError(
-        f"{gguf}: tensor {tensor.name} ({grid.source} {grid.codes.shape}) does not match the "
-        f"loaded model's weight {tuple(w.shape)}: export gguf4 from the GGUF the model was loaded from"
-    )
 
 
 def grid_linear(grid: Grid, bias: Tensor | None) -> nn.Module:

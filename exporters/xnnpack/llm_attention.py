@@ -128,15 +128,17 @@ def _prefix_attention(q: Tensor, k_cache: Tensor, v_t_cache: Tensor, mask: Tenso
     equals the same row computed over any longer span, and a verify call's rows equal 1-token
     calls' bit for bit, while a call reads only the slots in use. (XNNPACK's softmax is not
     used: its sum takes the tail of a row in another order than the body.)"""
-    _, n_heads, t, head_dim = q.shape
+    n_heads, head_dim = q.shape[1], q.shape[3]
     n_kv, used = k_cache.shape[0], mask.shape[-1]
     rep = n_heads // n_kv
-    keys = k_cache[:, :used].reshape(n_kv, used, head_dim)  # (KV, L, D)
-    values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, used)  # (KV, D, L)
-    qg = q.reshape(n_kv, -1, head_dim) * head_dim**-0.5  # (KV, rep*T, D); -1: module docstring
+    keys = k_cache[:, :used].reshape(n_kv, -1, head_dim)  # (KV, L, D); -1: module docstring
+    values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, -1)  # (KV, D, L)
+    qg = q.reshape(n_kv, -1, head_dim) * head_dim**-0.5  # (KV, rep*T, D)
     scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2)  # (KV, rep*T, L)
-    scores = scores.reshape(n_kv, rep, t, used) + (mask - 1.0) * -MASKED
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, used)
+    # mask (rep*T, L), its rows repeated by the model (``use_llm_attention`` sets ``mask_repeat``):
+    # row r*T + t is position t's, as the scores' rows are
+    scores = scores + (mask - 1.0) * -MASKED
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # (KV, rep*T, L)
     weights_t = weights.transpose(1, 2)  # (KV, L, rep*T)
     ones = torch.ones_like(values_t[:, :1])  # (KV, 1, L)
     out_t = torch.bmm(values_t, weights_t) / torch.bmm(ones, weights_t)  # (KV, D, rep*T)
@@ -163,4 +165,6 @@ def use_llm_attention(model: nn.Module, kernel: str = "prefix") -> nn.Module:
         )
     for i in range(2 * a.n_layers):
         setattr(model, f"kv_cache_{i}", torch.zeros(0))
+    if kernel == "prefix":  # its scores' rows are (rep, T) per KV head: the mask's rows repeated
+        model.mask_repeat = a.n_heads // a.n_kv_heads  # type: ignore[assignment]
     return model

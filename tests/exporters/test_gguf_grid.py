@@ -213,3 +213,31 @@ def test_llama_rows_undo_the_gguf_q_k_permutation() -> None:
     grid = READERS["Q4_K"](synthetic_blocks("Q4_K", rows=rows, supers=1, seed=8))
     index = llama_rows(rows, heads)
     np.testing.assert_array_equal(grid.rows(index).dequantize(), grid.dequantize()[index])
+
+
+def _gguf_with(path: Path, name: str, raw: np.ndarray, kind: str) -> Any:
+    """``path``: a GGUF holding one tensor; returns that tensor as ``GGUFReader`` reads it."""
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_tensor(name, raw, raw_dtype=T[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return gguf.GGUFReader(str(path)).tensors[0]
+
+
+def test_a_re_rounded_tensor_passes_the_check_against_its_own_weight(tmp_path: Path) -> None:
+    """Qwen2.5-Coder-0.5B's GGUF stores attention weights as Q5_0, which the ``gguf*`` recipes
+    re-round to 8 bits; the check against the loaded model compares the re-rounded grid within
+    half its step (it refused the file before), and still refuses a different weight by name."""
+    from omnidraft_deploy.exporters.quant.gguf_grid import checked_grid
+
+    w = np.random.default_rng(7).standard_normal((96, 64)).astype(np.float32) * 0.05
+    tensor = _gguf_with(tmp_path / "q5.gguf", "blk.0.attn_q.weight", quantize(w, T.Q5_0), "Q5_0")
+    weight = dequantize(np.asarray(tensor.data), T.Q5_0)  # the eager model loaded from the file
+    grid = checked_grid(tensor, weight, tmp_path / "q5.gguf")
+    assert grid.bits == 8 and grid.source == "Q5_0->8"
+    other = weight.copy()
+    other[40, 3] += 0.01  # far more than half an 8-bit step of this block
+    with pytest.raises(ValueError, match=r"q5\.gguf: tensor blk\.0\.attn_q\.weight \(Q5_0->8"):
+        checked_grid(tensor, other, tmp_path / "q5.gguf")

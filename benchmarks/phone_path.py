@@ -191,8 +191,11 @@ def main() -> None:
     contexts = [int(c) for c in a.contexts.split(",")]
     load0 = os.getloadavg()
     engines: dict[str, tuple[Step, int]] = {}
-    for bundle in [*a.pte, *([a.onnx] if a.onnx else [])]:
-        engines[engine_name(bundle, a.role)] = bundle_step(bundle, a.threads, a.role)
+    bundles = [*a.pte, *([a.onnx] if a.onnx else [])]
+    names = [engine_name(bundle, a.role) for bundle in bundles]
+    for bundle, name in zip(bundles, names, strict=True):  # two of one recipe: named by folder too
+        name = f"{name} ({bundle.name})" if names.count(name) > 1 else name
+        engines[name] = bundle_step(bundle, a.threads, a.role)
     if a.gguf:
         engines["llama.cpp"] = llamacpp_step(a.gguf, a.threads, max(contexts) + a.tokens + 8)
     rows = run(engines, contexts, a.tokens, a.rounds, a.verify_width)

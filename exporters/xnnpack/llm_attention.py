@@ -13,10 +13,16 @@ pinned wheel). Three attention kernels (``kernel``), each with the cache layout 
   first ``L = start + T`` slots, ``L`` given as a shape by the program's third input
   ``cache_slots`` (``graph_contract``: XNNPACK plans only shapes derived from inputs, not a
   length computed from ``input_pos``'s values). Scores and weighted sums are XNNPACK batch
-  matmuls grouped per KV head (no head is widened; both read the caches as the GEMM's left
-  operand, in place); the softmax is a row max, ``exp`` and a division by a GEMM over the slots
+  matmuls grouped per KV head (no head is widened; both take the caches as the GEMM's left
+  operand, unpacked, though the first ``L`` slots are first copied out by a portable
+  ``slice_copy``: ExecuTorch has no view of a prefix, and that copy is what grows with the
+  context, 50 ms a call at 4,000 on the 1.5B); the softmax is a row max, ``exp`` and a division by a GEMM over the slots
   (``_prefix_attention``), so every row is bitwise what it is over any longer span: a verify
-  call's rows equal 1-token calls' (greedy speculative output == target-only's).
+  call's rows equal 1-token calls' (greedy speculative output == target-only's). The model hands
+  it the mask with its rows repeated once per query head of a KV group (``Transformer.mask_repeat``,
+  set by ``use_llm_attention``): the scores are ``(KV, rep * T, L)``, and viewing them as ``(KV,
+  rep, T, L)`` to broadcast a ``(T, L)`` mask names two dynamic sizes, a view XNNPACK does not
+  take (``delegable``: why a view outside the delegate costs).
 - ``"span"``: the same caches as ``prefix``'s K for both, every one of the ``S`` slots read each
   call (an additive mask and XNNPACK's softmax), two inputs: bitwise batch invariant too, but it
   reads and copies all ``2 * S * KV * D * 4`` bytes a layer whatever the position (the kernel of

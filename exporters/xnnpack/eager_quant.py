@@ -158,12 +158,8 @@ class Int4GroupLinear(nn.Module):
         # the group sums as a (block -> 1) matmul by ones, which XNNPACK takes (a ``sum`` runs
         # in the portable kernels: 196 a call on Qwen2.5-1.5B, issue 44); one product per group
         # in a fixed order, so a row's sums do not depend on the other rows of the call
-        # and both views name one size only, as -1 (a view naming T is not delegated: it would
-        # split the layer's XNNPACK partition at every linear)
         ones: Tensor = self.ones  # type: ignore[assignment]
-        groups = x.shape[-1] // self.block
-        sums = nn.functional.linear(x.reshape(-1, self.block), ones)
-        sums = sums.reshape(*x.shape[:-2], -1, groups)
+        sums = nn.functional.linear(x.reshape(-1, self.block), ones).reshape(*x.shape[:-1], -1)
         constant: Tensor = self.constant  # type: ignore[assignment]
         y = self.centred(x) + nn.functional.linear(sums, constant)
         return y if self.bias is None else y + self.bias

@@ -14,15 +14,11 @@ pinned wheel). Three attention kernels (``kernel``), each with the cache layout 
   ``cache_slots`` (``graph_contract``: XNNPACK plans only shapes derived from inputs, not a
   length computed from ``input_pos``'s values). Scores and weighted sums are XNNPACK batch
   matmuls grouped per KV head (no head is widened; both take the caches as the GEMM's left
-  operand, unpacked, though the first ``L`` slots are first copied out by a portable
-  ``slice_copy``: ExecuTorch has no view of a prefix, and that copy is what grows with the
-  context, 50 ms a call at 4,000 on the 1.5B); the softmax is a row max, ``exp`` and a division by a GEMM over the slots
+  operand, unpacked, after a portable ``slice_copy`` of the first ``L`` slots: ExecuTorch has no
+  view of a prefix, and that copy is what grows with the context, 50 ms a call at 4,000 on the
+  1.5B); the softmax is a row max, ``exp`` and a division by a GEMM over the slots
   (``_prefix_attention``), so every row is bitwise what it is over any longer span: a verify
-  call's rows equal 1-token calls' (greedy speculative output == target-only's). The model hands
-  it the mask with its rows repeated once per query head of a KV group (``Transformer.mask_repeat``,
-  set by ``use_llm_attention``): the scores are ``(KV, rep * T, L)``, and viewing them as ``(KV,
-  rep, T, L)`` to broadcast a ``(T, L)`` mask names two dynamic sizes, a view XNNPACK does not
-  take (``delegable``: why a view outside the delegate costs).
+  call's rows equal 1-token calls' (greedy speculative output == target-only's).
 - ``"span"``: the same caches as ``prefix``'s K for both, every one of the ``S`` slots read each
   call (an additive mask and XNNPACK's softmax), two inputs: bitwise batch invariant too, but it
   reads and copies all ``2 * S * KV * D * 4`` bytes a layer whatever the position (the kernel of
@@ -134,17 +130,15 @@ def _prefix_attention(q: Tensor, k_cache: Tensor, v_t_cache: Tensor, mask: Tenso
     equals the same row computed over any longer span, and a verify call's rows equal 1-token
     calls' bit for bit, while a call reads only the slots in use. (XNNPACK's softmax is not
     used: its sum takes the tail of a row in another order than the body.)"""
-    n_heads, head_dim = q.shape[1], q.shape[3]
+    _, n_heads, t, head_dim = q.shape
     n_kv, used = k_cache.shape[0], mask.shape[-1]
     rep = n_heads // n_kv
-    keys = k_cache[:, :used].reshape(n_kv, -1, head_dim)  # (KV, L, D); -1: module docstring
-    values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, -1)  # (KV, D, L)
-    qg = q.reshape(n_kv, -1, head_dim) * head_dim**-0.5  # (KV, rep*T, D)
+    keys = k_cache[:, :used].reshape(n_kv, used, head_dim)  # (KV, L, D)
+    values_t = v_t_cache[:, :used].reshape(n_kv, head_dim, used)  # (KV, D, L)
+    qg = q.reshape(n_kv, -1, head_dim) * head_dim**-0.5  # (KV, rep*T, D); -1: module docstring
     scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2)  # (KV, rep*T, L)
-    # mask (rep*T, L), its rows repeated by the model (``use_llm_attention`` sets ``mask_repeat``):
-    # row r*T + t is position t's, as the scores' rows are
-    scores = scores + (mask - 1.0) * -MASKED
-    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # (KV, rep*T, L)
+    scores = scores.reshape(n_kv, rep, t, used) + (mask - 1.0) * -MASKED
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True)).reshape(n_kv, rep * t, used)
     weights_t = weights.transpose(1, 2)  # (KV, L, rep*T)
     ones = torch.ones_like(values_t[:, :1])  # (KV, 1, L)
     out_t = torch.bmm(values_t, weights_t) / torch.bmm(ones, weights_t)  # (KV, D, rep*T)
@@ -171,6 +165,4 @@ def use_llm_attention(model: nn.Module, kernel: str = "prefix") -> nn.Module:
         )
     for i in range(2 * a.n_layers):
         setattr(model, f"kv_cache_{i}", torch.zeros(0))
-    if kernel == "prefix":  # its scores' rows are (rep, T) per KV head: the mask's rows repeated
-        model.mask_repeat = a.n_heads // a.n_kv_heads  # type: ignore[assignment]
     return model

@@ -283,17 +283,14 @@ def export_pte(
             facts["gguf_grid"] = dataclasses.asdict(share)
         else:
             quantized = quantize_eager(model, recipe, bits)
-        from omnidraft_deploy.exporters.xnnpack.delegable import delegable
-        from omnidraft_deploy.exporters.xnnpack.gguf_quant import shell
-
-        if quantized is model:  # fp32: the eager model stays the reference
-            quantized = shell(model)
         if attention is not None:
+            from omnidraft_deploy.exporters.xnnpack.gguf_quant import shell
             from omnidraft_deploy.exporters.xnnpack.llm_attention import use_llm_attention
 
+            if quantized is model:  # fp32: the eager model stays the reference
+                quantized = shell(model)
             use_llm_attention(quantized, attention)
             facts["attention"] = attention
-        delegable(quantized)  # RMSNorm's mean and RoPE's halves in forms XNNPACK takes
         if recipe.act_groups:
             from omnidraft_deploy.exporters.xnnpack.act_groups import group_activations
 

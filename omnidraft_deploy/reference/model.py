@@ -114,9 +114,6 @@ class Attention(nn.Module):
         # ExecuTorch's in-place cache update), called as ``kv_attend(q, k, v, input_pos, mask)
         # -> (1, T, H * D)`` instead of the model's buffers; ONNX / QNN / eager leave it None.
         self.kv_attend: nn.Module | None = None
-        # and its own form of RoPE's rotate-half (``rotate(x)``: XNNPACK's ``delegable``), else
-        # the slices below
-        self.rotate: nn.Module | None = None
         self.q_proj = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=a.qkv_bias)
         self.k_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.v_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
@@ -140,10 +137,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(1, -1, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(1, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rotate is not None:
-            q, k = q * cos + self.rotate(q) * sin, k * cos + self.rotate(k) * sin
-        else:
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_attend is not None and inplace:
             return self.o_proj(self.kv_attend(q, k, v, input_pos, mask)), k, v
         k_new, v_new = k, v
@@ -200,7 +194,6 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
-        self.mask_repeat = 1  # the in-place mask's rows repeated (see ``_run``)
         self.model = Backbone(args)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
@@ -240,11 +233,7 @@ class Transformer(nn.Module):
             mask = causal
         elif inplace:
             slots = slots[: self._span(input_pos)] if cache_slots is None else cache_slots
-            # (T, S), (T, span) or (T, L); (R * T, ...) with the rows repeated R times where the
-            # attention asks (``mask_repeat``: XNNPACK's ``prefix`` kernel, whose scores are
-            # (KV, R * T, L) and could not be viewed as (KV, R, T, L) inside a delegate)
-            rows = input_pos.repeat(self.mask_repeat) if self.mask_repeat > 1 else input_pos
-            mask = (slots[None, :] <= rows[:, None]).float()
+            mask = (slots[None, :] <= input_pos[:, None]).float()  # (T, S), (T, span) or (T, L)
         else:  # valid past slots are those before the chunk's first position
             past = (slots[None, :] < input_pos[:1, None]).float().expand(t, -1)
             mask = torch.cat([past, causal], dim=1)  # (T, S + T)

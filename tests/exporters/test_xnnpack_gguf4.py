@@ -40,11 +40,6 @@ def test_int4_linear_from_the_real_q4_k_tensor() -> None:
     _assert_matmul(READERS["Q4_K"](np.asarray(tensor.data)), seed=3)
 
 
-# fp32 matmuls of ``exporters.xnnpack.delegable`` in SPEC's 2 layers: 5 RMSNorm sums of squares
-# (2 a layer + the final norm), 2 RoPE rotations a layer (q, k)
-DELEGABLE = 5 + 2 * 2
-
-
 def _assert_matmul(grid: Grid, seed: int) -> None:
     """The eager ``Int4GroupLinear`` on ``grid`` equals ``x @ w.T`` (w: the GGUF dequantised)
     within int8 per-token activation rounding, and a symmetric re-rounding of w does not."""
@@ -178,9 +173,9 @@ def test_a_tiny_model_exports_through_gguf4(tmp_path: Path) -> None:
     assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
     assert {"quantize", "torch_export", "lower", "serialize"} <= set(facts["stages"])
     # graph nodes: 12 int4 matmuls (each with its fp32 group sums and constant-table matmuls),
-    # 2 + head at int8; each of the 4 split linears adds 2 fp32 ones (one-hot selection, columns);
+    # 2 + head at int8; each of the 4 split linears adds 2 fp32 ones (one-hot selection, columns)
     assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3,
-                                    "linear_fp32": 2 * 12 + 8 + DELEGABLE}  # fmt: skip
+                                    "linear_fp32": 2 * 12 + 8}  # fmt: skip
     # the split's mask and selection run in XNNPACK (only the rope tables' gathers do not)
     left = facts["non_delegated_ops"]
     assert "aten_mul_tensor" not in left and left.get("aten_index_select_default", 0) <= 2, left
@@ -203,7 +198,7 @@ def test_a_tiny_model_exports_through_gguf8(tmp_path: Path) -> None:
     facts = export_pte(model, path, recipe=recipe, eos_ids=(2,), gguf=tmp_path / "tiny.gguf")
     assert facts["gguf_grid"]["matrices_4bit"] == 0 and facts["gguf_grid"]["matrices"] == 14
     assert facts["gguf_grid"]["embedding"] == "4-bit Q4_K"
-    assert facts["matmul_bits"] == {"linear_4bit": 0, "linear_8bit": 15, "linear_fp32": DELEGABLE}
+    assert facts["matmul_bits"] == {"linear_4bit": 0, "linear_8bit": 15, "linear_fp32": 0}
     info = graph_info(model, SPEC, file=path.name, quantization="gguf8", seq_len=None)
     result = verify_artifact(path, info, model, recipe, PROMPTS)
     assert result["max_abs_logit_diff"] < 0.5 * recipe.tolerance
@@ -302,7 +297,7 @@ def test_a_tiny_model_exports_with_activation_groups(tmp_path: Path) -> None:
     assert facts["act_groups"] == 6
     # each grouped linear adds one fp32 linear (the sum over its groups)
     assert facts["matmul_bits"] == {"linear_4bit": 12, "linear_8bit": 3,
-                                    "linear_fp32": 2 * 12 + 6 + DELEGABLE}  # fmt: skip
+                                    "linear_fp32": 2 * 12 + 6}  # fmt: skip
     # nothing new outside XNNPACK: the plain gguf4 tiny graph leaves 6 unsqueeze_copy and 36
     # view_copy (rope, attention: 2 a layer are the (KV, L, D) views of the caches' used slots,
     # of a dynamic shape XNNPACK does not take, run as copy-free et_view; the constant tables'
